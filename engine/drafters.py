@@ -1,11 +1,14 @@
 """The drafter a config's speculative decoding names: n-gram drafts (engine/speculative.py), a draft model's
-(engine/draft_model.py), or an EAGLE head's or MTP layer's (engine/eagle.py)."""
+(engine/draft_model.py), an EAGLE head's or MTP layer's (engine/eagle.py), or a Gemma 4 assistant's
+(engine/assistant_drafter.py)."""
 from __future__ import annotations
 
 import torch
 
+from engine.assistant_drafter import AssistantDrafter
 from engine.draft_model import DraftModel
 from engine.eagle import EagleDrafter
+from engine.gemma4_assistant_config import is_gemma4_assistant
 from engine.model_runner import ModelRunner
 from engine.scheduler import Drafter
 from engine.speculative import NgramDrafter, SpeculativeConfig
@@ -23,5 +26,8 @@ def make_drafter(speculative: SpeculativeConfig | None, target: ModelRunner, tar
     if speculative.method in ("eagle", "eagle3", "mtp"):
         return EagleDrafter(speculative.model or target_dir, speculative.method, speculative.num_speculative_tokens,
                             target, dtype, device, max_model_len, reads_served_checkpoint=speculative.model is None)
+    if is_gemma4_assistant(speculative.model):
+        return AssistantDrafter(speculative.model, speculative.num_speculative_tokens, target, dtype, device,
+                                max_model_len)
     return DraftModel(speculative.model, speculative.num_speculative_tokens, target.model_config, dtype,
                       device, max_model_len)

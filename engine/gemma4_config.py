@@ -84,6 +84,15 @@ class Gemma4Layout:
         return layer < self.first_sharing_layer
 
 
+@dataclass(frozen=True)
+class Gemma4Assistant:
+    """What joins a Gemma 4 assistant drafter to its target (engine/gemma4_assistant_config.py)."""
+
+    backbone_hidden_size: int  # its target's hidden size
+    num_centroids: int  # 0: logits by the LM head over every token
+    centroid_top_k: int
+
+
 def gemma4_unified_keys(cfg: dict) -> dict:
     """Gemma 4 unified's config.json as Gemma 4's: Gemma4UnifiedTextConfig's defaults where they differ (a window of
     1024, a context of 262,144), no per-layer embeddings, no experts."""

@@ -12,7 +12,7 @@ from engine.encoder_config import EncoderConfig
 from engine.falcon_h1_config import MupMultipliers
 from engine.fp8_weights import Fp8Weights
 from engine.gemma3n_config import AltUp
-from engine.gemma4_config import Gemma4Layout
+from engine.gemma4_config import Gemma4Assistant, Gemma4Layout
 from engine.hy_v4_config import HyperConnections
 from engine.int4_weights import Int4Weights
 from engine.laguna_config import LagunaLayout
@@ -150,6 +150,8 @@ class ModelConfig:
     mimo_v2_flash: MiMoV2FlashLayout | None = None
     cohere2_moe: Cohere2MoeLayout | None = None  # Command A MoE's norms and shared experts' sum
     bitnet: BitNetWeights | None = None  # BitNet's ternary weights and 8-bit inputs (engine/bitnet_weights.py)
+    # What joins a Gemma 4 assistant drafter to its target (engine/gemma4_assistant_config.py)
+    gemma4_assistant: Gemma4Assistant | None = None
 
     @property
     def pooling(self) -> str:

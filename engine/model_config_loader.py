@@ -495,9 +495,11 @@ def load_model_config(model_dir: str | Path, hf_overrides: Mapping[str, Any] | N
         for name in ("short_factor", "long_factor"):
             if len(scaling.get(name) or ()) != rotary_dim // 2:
                 raise ModelConfigError(f"{path}: longrope's {name} needs {rotary_dim // 2} numbers, one a frequency")
-    if num_heads % num_kv_heads:
-        raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by "
-                               f"num_key_value_heads {num_kv_heads}")
+    # (Gemma 4's num_kv_heads are its pages' heads: each kind of layer's own heads are grouped)
+    for kv_heads in (gemma4.sliding.num_kv_heads, gemma4.full.num_kv_heads) if gemma4 is not None else (num_kv_heads,):
+        if num_heads % kv_heads:
+            raise ModelConfigError(f"{path}: num_attention_heads {num_heads} not divisible by "
+                                   f"num_key_value_heads {kv_heads}")
     return config
 
 

@@ -16,6 +16,7 @@ from engine.models.flint import FlintForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM, GemmaForCausalLM, VaultGemmaForCausalLM
 from engine.models.gemma3n import Gemma3nForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
+from engine.models.gemma4_assistant import Gemma4AssistantForCausalLM
 from engine.models.glm4 import Glm4ForCausalLM, GlmForCausalLM, Kolibri1ForCausalLM
 from engine.models.glm4_moe import Glm4MoeForCausalLM, SarvamMoEForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
@@ -152,6 +153,7 @@ MODEL_REGISTRY = {
     "Gemma2ForCausalLM": Gemma3ForCausalLM,  # with neither q/k norms nor a local RoPE, as its ModelConfig says
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out
+    "Gemma4AssistantForCausalLM": Gemma4AssistantForCausalLM,  # Gemma 4's drafter (models/gemma4_assistant.py)
     "Gemma4UnifiedForCausalLM": Gemma4ForCausalLM,  # Gemma 4 unified's: no per-layer embeddings, no experts
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,

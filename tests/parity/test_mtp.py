@@ -177,14 +177,14 @@ def test_the_mtp_layers_drafts_are_its_layer_computed_by_transformers(mtp_models
     assert _first_drafts(engine, prompt) == _reference_drafts(mtp_models[name], prompt, 3)
 
 
-def _first_drafts(engine: LLMEngine, prompt: list[int]) -> list[int]:
-    """The three drafts the engine's MTP layer makes after the prompt (in chunks of 16) and its first token."""
-    engine.add_request("r", prompt, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+def _first_drafts(engine: LLMEngine, prompt: list[int], request_id: str = "r") -> list[int]:
+    """The three drafts the engine's drafter makes after the prompt (in chunks of 16) and its first token."""
+    engine.add_request(request_id, prompt, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
     engine.step()
-    seq = engine.scheduler.running[0]
+    seq = next(seq for seq in engine.scheduler.running if seq.request_id == request_id)
     while seq.num_uncomputed_tokens > 1:
         engine.step()
-    return engine.scheduler.drafter.propose([(seq, 3)])["r"]
+    return engine.scheduler.drafter.propose([(seq, 3)])[request_id]
 
 
 def test_a_weight_update_brings_the_new_checkpoints_mtp_layer(tiny_model_dirs, mtp_models, tmp_path):

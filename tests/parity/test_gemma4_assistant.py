@@ -1,0 +1,91 @@
+"""Gemma 4's assistant drafters (engine/assistant_drafter.py, engine/models/gemma4_assistant.py) for the tiny Gemma 4
+of tests/parity/conftest.py ("gemma4-e": its KV-sharing layers, a window of 16): its drafts are transformers'
+Gemma4AssistantCandidateGenerator's, and the tokens with them the target's alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.speculative import SpeculativeConfig
+from tests.parity.conftest import greedy_outputs
+from tests.parity.test_mtp import _first_drafts
+from tests.parity.test_transformers_parity import _hf_model, _random_prompt, transformers
+
+TARGET = "gemma4-e"
+WINDOW = 16
+
+
+def _assistant(path, ordered: bool):
+    """A tiny assistant for the tiny target (its KV heads, 64 wide): a sliding and a full layer, 32 wide."""
+    text = transformers.Gemma4TextConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=16, global_head_dim=32, vocab_size=512, vocab_size_per_layer_input=0, hidden_size_per_layer_input=0,
+        layer_types=["sliding_attention", "full_attention"], sliding_window=WINDOW, num_kv_shared_layers=2,
+        initializer_range=0.2, final_logit_softcapping=None)
+    torch.manual_seed(11)
+    model = transformers.Gemma4AssistantForCausalLM(transformers.Gemma4AssistantConfig(
+        text_config=text.to_dict(), backbone_hidden_size=64, use_ordered_embeddings=ordered, num_centroids=8,
+        centroid_intermediate_top_k=2)).eval()
+    if ordered:  # (its clusters of tokens: a permutation, as released)
+        model.masked_embedding.token_ordering.copy_(torch.randperm(512, generator=torch.Generator().manual_seed(2)))
+    model.save_pretrained(path)
+    return model
+
+
+def _transformers_drafts(target, assistant, prompt: list[int], num_drafts: int) -> tuple[list[int], torch.Tensor]:
+    """Gemma4AssistantCandidateGenerator's first drafts: after the prompt and the target's first token, from the
+    target's last hidden state and its KV of the prompt (each kind's last layer computing it); and the hidden state
+    each draft hands the next [num_drafts, H]."""
+    with torch.no_grad():
+        out = target(input_ids=torch.tensor([prompt]), output_hidden_states=True, return_shared_kv_states=True)
+        token = out.logits[:, -1:].argmax(dim=-1)
+        hidden, shared = out.hidden_states[-1][:, -1:], out.shared_kv_states
+        mask = torch.ones(1, len(prompt) + 1, dtype=torch.long)
+        drafts, states = [], []
+        for _ in range(num_drafts):
+            embedded = target.get_input_embeddings()(token)
+            drafted = assistant(inputs_embeds=torch.cat([embedded, hidden], dim=-1), attention_mask=mask,
+                                position_ids=torch.tensor([[len(prompt)]]), shared_kv_states=shared, use_cache=False)
+            token, hidden = drafted.logits.argmax(dim=-1), drafted.last_hidden_state
+            drafts.append(int(token))
+            states.append(hidden[0, 0])
+    return drafts, torch.stack(states)
+
+
+def _engine(target_dir, assistant_dir, **options) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(target_dir), dtype="float32", num_kv_blocks=64, **options,
+                                  speculative=SpeculativeConfig.from_dict({"model": str(assistant_dir),
+                                                                           "num_speculative_tokens": 3})))
+
+
+@pytest.mark.parametrize("ordered", [False, True])  # (its logits by its LM head, or by its clusters' tokens alone)
+def test_its_first_drafts_are_transformers_and_the_tokens_the_targets(tiny_model_dirs, tmp_path, ordered):
+    target_dir = tiny_model_dirs[TARGET]
+    assistant = _assistant(tmp_path / "assistant", ordered)
+    target = _hf_model(target_dir)
+    engine = _engine(target_dir, tmp_path / "assistant", max_num_batched_tokens=16)
+    drafter = engine.scheduler.drafter
+    for n in (9, 40):  # (40: past the sliding window)
+        prompt = _random_prompt(n, 512, seed=n)
+        drafts, states = _transformers_drafts(target, assistant, prompt, 3)
+        assert _first_drafts(engine, prompt, f"first-{n}") == drafts, n
+        seq = next(seq for seq in engine.scheduler.running if seq.request_id == f"first-{n}")
+        _, ours = drafter.drafted([seq], drafter._last_hidden(seq)[None], 3)
+        assert (ours[:, 0] - states).abs().max().item() < 1e-4, n
+        engine.abort(f"first-{n}")
+    prompts = {f"p{n}": (_random_prompt(n, 512, seed=100 + n), {}) for n in (5, 23, 31)}
+    expected = {name: target.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+                for name, (p, _) in prompts.items()}
+    outputs = greedy_outputs(engine, prompts, 12)
+    assert {name: outputs[name] for name in prompts} == expected
+    engine.close()
+
+
+def test_an_assistant_for_another_target_is_refused(tiny_model_dirs, tmp_path):
+    _assistant(tmp_path / "assistant", ordered=False)
+    with pytest.raises(ValueError, match="drafts for a Gemma 4 target"):
+        _engine(tiny_model_dirs["llama-gqa-untied"], tmp_path / "assistant")
+    with pytest.raises(ValueError, match="KV heads"):
+        _engine(tiny_model_dirs["gemma4-k-eq-v"], tmp_path / "assistant")
