@@ -8,7 +8,7 @@ import torch
 from engine.assistant_drafter import AssistantDrafter
 from engine.draft_model import DraftModel
 from engine.eagle import EagleDrafter
-from engine.gemma4_assistant_config import is_gemma4_assistant
+from engine.gemma4_assistant_config import assistant_architecture
 from engine.model_runner import ModelRunner
 from engine.scheduler import Drafter
 from engine.speculative import NgramDrafter, SpeculativeConfig
@@ -26,7 +26,7 @@ def make_drafter(speculative: SpeculativeConfig | None, target: ModelRunner, tar
     if speculative.method in ("eagle", "eagle3", "mtp"):
         return EagleDrafter(speculative.model or target_dir, speculative.method, speculative.num_speculative_tokens,
                             target, dtype, device, max_model_len, reads_served_checkpoint=speculative.model is None)
-    if is_gemma4_assistant(speculative.model):
+    if assistant_architecture(speculative.model) is not None:
         return AssistantDrafter(speculative.model, speculative.num_speculative_tokens, target, dtype, device,
                                 max_model_len)
     return DraftModel(speculative.model, speculative.num_speculative_tokens, target.model_config, dtype,

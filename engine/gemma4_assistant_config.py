@@ -1,4 +1,5 @@
-"""Gemma 4's assistant drafters (Gemma4AssistantForCausalLM, google/gemma-4-*-it-assistant), read from config.json:
+"""Gemma 4's assistant drafters (Gemma4AssistantForCausalLM, google/gemma-4-*-it-assistant; Gemma 4 unified's,
+Gemma4UnifiedAssistantForCausalLM), read from config.json:
 a small Gemma 4 text model (`text_config`) whose every layer attends over its target's KV, not any of its own, and
 what joins it to the target: its input a projection of [the target's embedding of the last token | the target's last
 hidden state] (`backbone_hidden_size` wide), its output projected back to that width for its next draft, and its
@@ -14,16 +15,20 @@ import dataclasses
 import json
 from pathlib import Path
 
-from engine.gemma4_config import FULL, GEMMA4, SLIDING, Gemma4Assistant, Gemma4Layout
+from engine.gemma4_config import FULL, GEMMA4, GEMMA4_UNIFIED, SLIDING, Gemma4Assistant, Gemma4Layout
 from engine.model_config import ModelConfig
 from engine.model_config_loader import load_model_config
 
 GEMMA4_ASSISTANT = "Gemma4AssistantForCausalLM"
+# Gemma 4 unified's (google/gemma-4-12b-it's): its text model Gemma 4 unified's, read with its defaults.
+GEMMA4_UNIFIED_ASSISTANT = "Gemma4UnifiedAssistantForCausalLM"
+ASSISTANTS = {GEMMA4_ASSISTANT: GEMMA4, GEMMA4_UNIFIED_ASSISTANT: GEMMA4_UNIFIED}  # by the text model they are made of
 
 
-def is_gemma4_assistant(model_dir: str) -> bool:
+def assistant_architecture(model_dir: str) -> str | None:
+    """The Gemma 4 assistant `model_dir` holds; None for another model."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    return GEMMA4_ASSISTANT in (config.get("architectures") or [])
+    return next((arch for arch in config.get("architectures") or [] if arch in ASSISTANTS), None)
 
 
 def load_assistant_config(model_dir: str, target: ModelConfig) -> ModelConfig:
@@ -41,7 +46,9 @@ def load_assistant_config(model_dir: str, target: ModelConfig) -> ModelConfig:
         raise ValueError(f"{model_dir}: an assistant with per-layer embeddings, experts or double-wide MLPs is not "
                          "read (transformers' refuses them too)")
     # Read as a Gemma 4 text model whose layers compute KV, then placed in the target's pages.
-    config = load_model_config(model_dir, {**text, "architectures": [GEMMA4], "num_kv_shared_layers": 0})
+    architecture = assistant_architecture(model_dir)
+    config = load_model_config(model_dir, {**text, "architectures": [ASSISTANTS[architecture]],
+                                           "num_kv_shared_layers": 0})
     own, theirs = config.gemma4, target.gemma4
     for kind, mine, target_heads in ((SLIDING, own.sliding, theirs.sliding), (FULL, own.full, theirs.full)):
         if (mine.num_kv_heads, mine.head_dim) != (target_heads.num_kv_heads, target_heads.head_dim):
@@ -62,5 +69,5 @@ def load_assistant_config(model_dir: str, target: ModelConfig) -> ModelConfig:
                                 int(raw.get("centroid_intermediate_top_k", 32)))
     if assistant.num_centroids and target.vocab_size % assistant.num_centroids:
         raise ValueError(f"{model_dir}: {assistant.num_centroids} centroids do not split {target.vocab_size} tokens")
-    return dataclasses.replace(config, architecture=GEMMA4_ASSISTANT, gemma4=layout, gemma4_assistant=assistant,
+    return dataclasses.replace(config, architecture=architecture, gemma4=layout, gemma4_assistant=assistant,
                                num_kv_heads=theirs.page_heads, head_dim=theirs.page_head_dim)

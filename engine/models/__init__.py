@@ -154,6 +154,7 @@ MODEL_REGISTRY = {
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "Gemma4ForCausalLM": Gemma4ForCausalLM,  # with its layers as its ModelConfig's gemma4 lays them out
     "Gemma4AssistantForCausalLM": Gemma4AssistantForCausalLM,  # Gemma 4's drafter (models/gemma4_assistant.py)
+    "Gemma4UnifiedAssistantForCausalLM": Gemma4AssistantForCausalLM,
     "Gemma4UnifiedForCausalLM": Gemma4ForCausalLM,  # Gemma 4 unified's: no per-layer embeddings, no experts
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,

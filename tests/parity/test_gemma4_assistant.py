@@ -1,6 +1,7 @@
 """Gemma 4's assistant drafters (engine/assistant_drafter.py, engine/models/gemma4_assistant.py) for the tiny Gemma 4
 of tests/parity/conftest.py ("gemma4-e": its KV-sharing layers, a window of 16): its drafts are transformers'
-Gemma4AssistantCandidateGenerator's, and the tokens with them the target's alone."""
+Gemma4AssistantCandidateGenerator's, and the tokens with them the target's alone; and Gemma 4 unified's
+("gemma4-unified")."""
 from __future__ import annotations
 
 import pytest
@@ -13,19 +14,25 @@ from tests.parity.conftest import greedy_outputs
 from tests.parity.test_mtp import _first_drafts
 from tests.parity.test_transformers_parity import _hf_model, _random_prompt, transformers
 
-TARGET = "gemma4-e"
 WINDOW = 16
 
 
-def _assistant(path, ordered: bool):
+# Each kind of assistant: its target's tiny model, and transformers' classes of it (its text model's config, its own).
+KINDS = {"Gemma4": ("gemma4-e", "Gemma4TextConfig", "Gemma4Assistant"),
+         "Gemma4Unified": ("gemma4-unified", "Gemma4UnifiedTextConfig", "Gemma4UnifiedAssistant")}
+
+
+def _assistant(path, ordered: bool, kind: str = "Gemma4"):
     """A tiny assistant for the tiny target (its KV heads, 64 wide): a sliding and a full layer, 32 wide."""
-    text = transformers.Gemma4TextConfig(
+    _, text_config, assistant = KINDS[kind]
+    per_layer = dict(vocab_size_per_layer_input=0, hidden_size_per_layer_input=0) if kind == "Gemma4" else {}
+    text = getattr(transformers, text_config)(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-        head_dim=16, global_head_dim=32, vocab_size=512, vocab_size_per_layer_input=0, hidden_size_per_layer_input=0,
-        layer_types=["sliding_attention", "full_attention"], sliding_window=WINDOW, num_kv_shared_layers=2,
-        initializer_range=0.2, final_logit_softcapping=None)
+        head_dim=16, global_head_dim=32, vocab_size=512, layer_types=["sliding_attention", "full_attention"],
+        sliding_window=WINDOW, num_kv_shared_layers=2, initializer_range=0.2, final_logit_softcapping=None,
+        **per_layer)
     torch.manual_seed(11)
-    model = transformers.Gemma4AssistantForCausalLM(transformers.Gemma4AssistantConfig(
+    model = getattr(transformers, f"{assistant}ForCausalLM")(getattr(transformers, f"{assistant}Config")(
         text_config=text.to_dict(), backbone_hidden_size=64, use_ordered_embeddings=ordered, num_centroids=8,
         centroid_intermediate_top_k=2)).eval()
     if ordered:  # (its clusters of tokens: a permutation, as released)
@@ -60,10 +67,11 @@ def _engine(target_dir, assistant_dir, **options) -> LLMEngine:
                                                                            "num_speculative_tokens": 3})))
 
 
-@pytest.mark.parametrize("ordered", [False, True])  # (its logits by its LM head, or by its clusters' tokens alone)
-def test_its_first_drafts_are_transformers_and_the_tokens_the_targets(tiny_model_dirs, tmp_path, ordered):
-    target_dir = tiny_model_dirs[TARGET]
-    assistant = _assistant(tmp_path / "assistant", ordered)
+# (its logits by its LM head, or by its clusters' tokens alone; Gemma 4 unified's for its target)
+@pytest.mark.parametrize("ordered, kind", [(False, "Gemma4"), (True, "Gemma4"), (True, "Gemma4Unified")])
+def test_its_first_drafts_are_transformers_and_the_tokens_the_targets(tiny_model_dirs, tmp_path, ordered, kind):
+    target_dir = tiny_model_dirs[KINDS[kind][0]]
+    assistant = _assistant(tmp_path / "assistant", ordered, kind)
     target = _hf_model(target_dir)
     engine = _engine(target_dir, tmp_path / "assistant", max_num_batched_tokens=16)
     drafter = engine.scheduler.drafter
