@@ -10,7 +10,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.speculative import SpeculativeConfig
-from tests.parity.conftest import greedy_outputs
+from tests.parity.conftest import decoded_from_handed_over_pages, greedy_outputs
 from tests.parity.test_mtp import _first_drafts
 from tests.parity.test_transformers_parity import _hf_model, _random_prompt, transformers
 
@@ -97,3 +97,21 @@ def test_an_assistant_for_another_target_is_refused(tiny_model_dirs, tmp_path):
         _engine(tiny_model_dirs["llama-gqa-untied"], tmp_path / "assistant")
     with pytest.raises(ValueError, match="KV heads"):
         _engine(tiny_model_dirs["gemma4-k-eq-v"], tmp_path / "assistant")
+
+
+def test_a_decode_worker_drafts_with_it_from_the_pages_a_prefill_worker_handed_over(tiny_model_dirs, tmp_path):
+    """Both workers with the assistant: the prefill worker hands no drafts over (it keeps no KV to hand), the decode
+    worker drafts once its first step has computed a hidden state of its own; the tokens are the target's."""
+    target_dir = tiny_model_dirs["gemma4-e"]
+    _assistant(tmp_path / "assistant", ordered=False)
+    prefill = _engine(target_dir, tmp_path / "assistant", max_num_batched_tokens=16)
+    decode = _engine(target_dir, tmp_path / "assistant")
+    prompts = {f"r{n}": _random_prompt(n, 512, seed=200 + n) for n in (6, 37)}
+    outputs = decoded_from_handed_over_pages(prefill, decode, {name: (p, 10, {}, {}) for name, p in prompts.items()})
+    target = _hf_model(target_dir)
+    for name, prompt in prompts.items():
+        expected = target.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False)[0, len(prompt):]
+        assert outputs[name].token_ids == expected.tolist(), name
+    assert decode.scheduler.drafting.num_draft_tokens > 0  # (it drafted)
+    prefill.close()
+    decode.close()
