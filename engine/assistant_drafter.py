@@ -23,6 +23,8 @@ from engine.sequence import Sequence
 class AssistantDrafter:
     """The scheduler's drafter for a Gemma 4 assistant model directory."""
 
+    reads_served_checkpoint = False  # (its weights are its own directory's: engine/memory_release.py reads them again)
+
     def __init__(self, model_dir: str, num_speculative_tokens: int, target: ModelRunner, dtype: torch.dtype,
                  device: str, max_positions: int) -> None:
         """ValueError for an assistant that cannot draft for `target`'s model."""

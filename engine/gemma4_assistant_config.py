@@ -26,8 +26,10 @@ ASSISTANTS = {GEMMA4_ASSISTANT: GEMMA4, GEMMA4_UNIFIED_ASSISTANT: GEMMA4_UNIFIED
 
 
 def assistant_architecture(model_dir: str) -> str | None:
-    """The Gemma 4 assistant `model_dir` holds; None for another model."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    """The Gemma 4 assistant `model_dir` holds; None for another model (or none: the draft model's loading names
+    what is missing)."""
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
     return next((arch for arch in config.get("architectures") or [] if arch in ASSISTANTS), None)
 
 

@@ -72,9 +72,10 @@ def release(engine, kinds: Iterable[str]) -> int:
         if engine.reset_prefix_cache() is None:
             raise MemoryBusyError("requests hold KV pages (reserved, or handed over)")
         released += sum(release_pages(t) for t in unique_storages(engine.kv_pool_tensors()))
-    if "weights" in kinds:  # the model's, and its draft model's or head's (which may share some of them)
-        drafter = engine.draft_model.runner.model.parameters() if engine.draft_model is not None else ()
-        released += sum(release_pages(p) for p in unique_storages([*engine.runner.model.parameters(), *drafter]))
+    if "weights" in kinds:  # the model's, and its drafter's (which may share some of them)
+        drafter = _drafter_with_weights(engine)
+        drafting = drafter.runner.model.parameters() if drafter is not None else ()
+        released += sum(release_pages(p) for p in unique_storages([*engine.runner.model.parameters(), *drafting]))
         if engine.runner.rank_workers is not None:  # a split model's other ranks give back theirs
             released += engine.runner.rank_workers.release_weights()
     engine.released_memory |= set(kinds)
@@ -82,15 +83,22 @@ def release(engine, kinds: Iterable[str]) -> int:
 
 
 def resume(engine, kinds: Iterable[str]) -> None:
-    """Take `kinds` of `engine`'s memory back: its weights read again from `engine.weights_dir` (a draft model's or
-    head's from its own); its KV pages as they are touched (nothing to do)."""
+    """Take `kinds` of `engine`'s memory back: its weights read again from `engine.weights_dir` (a drafter's from its
+    own); its KV pages as they are touched (nothing to do)."""
     kinds = check_kinds(kinds)
     if "weights" in kinds and "weights" in engine.released_memory:
         engine.reload_weights()  # (an MTP layer's too: the served checkpoint holds it)
-        drafter = engine.draft_model
+        drafter = _drafter_with_weights(engine)
         if drafter is not None and not drafter.reads_served_checkpoint:
             drafter.runner.load_weights(drafter.model_dir)
     engine.released_memory -= set(kinds)
+
+
+def _drafter_with_weights(engine):
+    """The engine's drafter of weights of its own (a draft model, an EAGLE head, an MTP layer, a Gemma 4
+    assistant); None for n-gram drafts or none."""
+    drafter = engine.scheduler.drafter
+    return drafter if getattr(drafter, "runner", None) is not None else None
 
 
 def check_kinds(kinds: Iterable[str]) -> set[str]:

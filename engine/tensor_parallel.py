@@ -105,21 +105,28 @@ def check_shardable(config: ModelConfig, size: int, device: str) -> None:
     for name, width in widths.items():
         if width % size:
             raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})")
-    replicates = replicates_kv_heads(config)
+    refusal = kv_replication_refusal(config)
     for name, width in kv_widths.items():
-        if width % size and (size % width or not replicates):
+        if width % size and (size % width or refusal is not None):
             raise ValueError(f"tensor_parallel_size {size} must divide the model's {name} ({width})"
-                             + (" or be a multiple of it" if replicates else ""))
+                             + (" or be a multiple of it" if refusal is None else
+                                f" (its KV heads are not shared by more ranks: {refusal})"))
+
+
+def kv_replication_refusal(config: ModelConfig) -> str | None:
+    """Why ranks outnumbering a model's KV heads may not each compute with one of them (as vLLM replicates them);
+    None where they may."""
+    if config.architecture in HEADS_FUSED_QKV | STORED_TRANSPOSED:
+        return "its q, k and v fused a head at a time"
+    if config.qk_norm in ("projection", "head_layer_norm"):  # (summed or split across the ranks)
+        return "its k normed over the whole projection or by each head's weights"
+    if config.mimo_v2_flash is not None or config.minimax_m3 is not None:
+        return "its pages' heads laid out its own way"
+    return None
 
 
 def replicates_kv_heads(config: ModelConfig) -> bool:
-    """Whether ranks outnumbering a model's KV heads may each compute with one of them (as vLLM replicates them):
-    not where q, k and v are fused a head at a time, where k's norm spans the whole projection or holds each head's
-    own weights (summed or split across the ranks), nor where the pages' heads lie otherwise (MiMo-V2-Flash's,
-    MiniMax-M3's)."""
-    return (config.architecture not in HEADS_FUSED_QKV | STORED_TRANSPOSED
-            and config.qk_norm not in ("projection", "head_layer_norm")
-            and config.mimo_v2_flash is None and config.minimax_m3 is None)
+    return kv_replication_refusal(config) is None
 
 
 def kv_heads_share(heads: int, rank: int, size: int) -> tuple[int, int]:

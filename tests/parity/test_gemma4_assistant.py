@@ -9,10 +9,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.memory_release import release, resume, unique_storages
 from engine.speculative import SpeculativeConfig
 from tests.parity.conftest import decoded_from_handed_over_pages, greedy_outputs
 from tests.parity.test_mtp import _first_drafts
 from tests.parity.test_transformers_parity import _hf_model, _random_prompt, transformers
+from tests.unit.test_memory_release import resident_bytes
 
 WINDOW = 16
 
@@ -115,3 +117,22 @@ def test_a_decode_worker_drafts_with_it_from_the_pages_a_prefill_worker_handed_o
     assert decode.scheduler.drafting.num_draft_tokens > 0  # (it drafted)
     prefill.close()
     decode.close()
+
+
+def test_sleep_mode_gives_back_its_weights_too_and_wakes_it_drafting_as_before(tiny_model_dirs, tmp_path):
+    """vLLM's sleep and wake_up: the assistant's weights leave the process with the target's, and come back from its
+    own checkpoint: the same drafts as before."""
+    assistant = _assistant(tmp_path / "assistant", ordered=False)
+    engine = _engine(tiny_model_dirs["gemma4-e"], tmp_path / "assistant", max_num_batched_tokens=16)
+    prompt = _random_prompt(30, 512, seed=7)
+    awake = _first_drafts(engine, prompt, "awake")
+    assert awake == _transformers_drafts(_hf_model(tiny_model_dirs["gemma4-e"]), assistant, prompt, 3)[0]
+    engine.abort("awake")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assistant_weights = unique_storages(engine.scheduler.drafter.runner.model.parameters())
+    release(engine, ["weights", "kv_cache"])
+    assert sum(resident_bytes(w) for w in assistant_weights) == 0
+    resume(engine, ["weights", "kv_cache"])
+    assert _first_drafts(engine, prompt, "woken") == awake
+    engine.close()
