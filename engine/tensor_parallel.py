@@ -125,10 +125,6 @@ def kv_replication_refusal(config: ModelConfig) -> str | None:
     return None
 
 
-def replicates_kv_heads(config: ModelConfig) -> bool:
-    return kv_replication_refusal(config) is None
-
-
 def kv_heads_share(heads: int, rank: int, size: int) -> tuple[int, int]:
     """Rank `rank`'s of a layer's `heads` KV heads, (first, how many): its run of them, or where the ranks outnumber
     them, the one it computes with (as do `size // heads - 1` other ranks, each writing the same numbers)."""
@@ -249,7 +245,7 @@ def _layer_shard(name: str, tensor: torch.Tensor, config: ModelConfig, rank: int
     proj = parts[-1] if parts[-1] in ("sinks", "gate_bias") else parts[-2]
     if proj == "qkv_proj" and config.architecture in HEADS_FUSED_QKV:
         return _share(tensor, 0, rank, size)
-    if proj in ("k_proj", "v_proj") and replicates_kv_heads(config):
+    if proj in ("k_proj", "v_proj") and kv_replication_refusal(config) is None:
         return _kv_share(tensor, _layer_kv_heads(config, name), rank, size)
     # q's and k's norms over whole projections (OLMo 2's) or of each head's own weights (Command R+'s): by heads.
     if proj in ROW_SPLIT or (proj in PROJECTION_NORMS and config.qk_norm in ("projection", "head_layer_norm")):
@@ -270,7 +266,7 @@ def lora_shard(module: str, a: torch.Tensor, b: torch.Tensor, config: ModelConfi
     `config`: B's share of the rows of a projection split by rows, A's share of the columns of one split by
     columns (its delta then summed across the ranks with the projection's), as the base weights are split."""
     proj = module.split(".")[-1]
-    if proj in ("k_proj", "v_proj") and replicates_kv_heads(config):
+    if proj in ("k_proj", "v_proj") and kv_replication_refusal(config) is None:
         return a, _kv_share(b, _layer_kv_heads(config, module), rank, size)
     if proj in ROW_SPLIT or (proj == "qkv_proj" and config.architecture in HEADS_FUSED_QKV):
         return a, _share(b, 0, rank, size)
@@ -286,7 +282,7 @@ def _fused_shares(proj: str, parts: tuple[torch.Tensor, ...], config: ModelConfi
                   ) -> list[torch.Tensor]:
     """Rank `rank`'s rows of each part of a fused projection (`_fused_parts`'): its share of each, of fused q/k/v's k
     and v its KV heads'."""
-    if proj == "qkv_proj" and replicates_kv_heads(config):
+    if proj == "qkv_proj" and kv_replication_refusal(config) is None:
         q, k, v = parts
         return [_share(q, 0, rank, size), *(_kv_share(x, config.num_kv_heads, rank, size) for x in (k, v))]
     return [_share(part, 0, rank, size) for part in parts]

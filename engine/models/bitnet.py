@@ -22,6 +22,7 @@ from kernels.registry import Kernels
 SUB_NORMS = {"self_attn.attn_sub_norm.weight": "attn", "mlp.ffn_sub_norm.weight": "mlp"}
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                "mlp.up_proj", "mlp.down_proj")
+PROJECTION_WEIGHTS = tuple(f"{projection}.weight" for projection in PROJECTIONS)
 
 
 def _inputs(config: ModelConfig):
@@ -71,7 +72,7 @@ class BitNetForCausalLM(LlamaForCausalLM):
         names = []
         for name in super().checkpoint_names():
             if self.config.bitnet is not None and self.config.bitnet.stores_scales and \
-                    name.endswith(tuple(f"{p}.weight" for p in PROJECTIONS)):
+                    name.endswith(PROJECTION_WEIGHTS):
                 names.append(name.removesuffix(".weight") + SCALE)  # read before its weight
             names.append(name)
         return names + [f"model.layers.{i}.{norm}" for i in range(self.config.num_layers) for norm in SUB_NORMS]
