@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import fcntl
 import functools
+import gc
 import importlib
 import io
 import json
@@ -277,12 +278,21 @@ def _run_and_exit(command: dict, grpc_env, openmp_env) -> None:
         code = 1
     threading._shutdown()  # what finalizing does first, then the atexit handlers
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    # A file left open is written out as finalizing would (20 ms: the heap's objects looked over once), stdio last.
+    for obj in gc.get_objects():  # by exact type: isinstance would ask some objects' __class__ (torch's warn)
+        if type(obj) in (io.BufferedWriter, io.TextIOWrapper) and obj is not sys.stdout and obj is not sys.stderr:
+            _flush(obj)
+    _flush(sys.stdout)
+    _flush(sys.stderr)
     os._exit(code)
+
+
+def _flush(stream) -> None:
+    try:
+        if not stream.closed:
+            stream.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def _system_exit_code(e: SystemExit) -> int:

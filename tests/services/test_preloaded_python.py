@@ -12,27 +12,38 @@ import pytest
 from tests.services.preloaded_python import forkable, spawn
 
 # Arguments, working directory, environment, both streams, a non-daemon thread the interpreter waits
-# for, an atexit handler, and an exit code.
+# for, an atexit handler, a file written and never closed, and an ending.
 _SCRIPT = """
 import atexit, os, sys, threading, time
 print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("PRELOADED_CHECK"), os.environ.get("HOME"))
 print("to stderr", file=sys.stderr)
 atexit.register(lambda: print("atexit ran", flush=True))
 threading.Thread(target=lambda: (time.sleep(0.2), print("thread finished"))).start()
-sys.exit(3)
+sys.left_open = open("written", "w")  # held to the end, as a service's module might hold it
+sys.left_open.write("never closed")
 """
 
 
-def test_a_forked_command_runs_and_exits_as_a_fresh_python_does(tmp_path):
-    args = [sys.executable, "-c", _SCRIPT, "one", "two words"]
+@pytest.mark.parametrize("ending, code", [("sys.exit(3)", 3), ("sys.exit('a message')", 1), ("pass", 0),
+                                          ("raise ValueError('uncaught')", 1)])
+def test_a_forked_command_runs_and_exits_as_a_fresh_python_does(tmp_path, ending, code):
+    args = [sys.executable, "-c", _SCRIPT + ending, "one", "two words"]
     env = {"PRELOADED_CHECK": "given", "PATH": "/usr/bin"}
     assert forkable(args)
-    fresh = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
-    forked = spawn(args, cwd=tmp_path, env=env)
-    assert forked.wait(timeout=30) == fresh.returncode == 3
-    assert forked.stdout.read() == fresh.stdout
-    assert forked.stderr.read() == fresh.stderr
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "forked").mkdir()
+    fresh = subprocess.run(args, cwd=tmp_path / "fresh", env=env, capture_output=True, text=True, timeout=30)
+    forked = spawn(args, cwd=tmp_path / "forked", env=env)
+    assert forked.wait(timeout=30) == fresh.returncode == code
+    assert forked.stdout.read().replace(str(tmp_path / "forked"), str(tmp_path / "fresh")) == fresh.stdout
+    forked_stderr = forked.stderr.read()
+    if ending.startswith("raise"):  # the traceback's frames above the command's are the fork's own
+        assert forked_stderr.endswith("ValueError: uncaught\n") and fresh.stderr.endswith("ValueError: uncaught\n")
+    else:
+        assert forked_stderr == fresh.stderr
     assert "thread finished\natexit ran" in fresh.stdout and str(tmp_path) in fresh.stdout
+    assert (tmp_path / "forked" / "written").read_text() == (tmp_path / "fresh" / "written").read_text() == \
+        "never closed"
 
 
 def test_a_signalled_fork_has_popens_negative_returncode():
