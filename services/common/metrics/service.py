@@ -3,8 +3,8 @@ every service counts (requests finished, errors by reason, start-up durations).
 
 Every name starts `baton_`; every metric carries `model`, `service` and `instance` (a
 worker's instance id, `KIND-HOST-PORT` by default, as in the instance registry). A gRPC
-worker serves its registry on its own port (`serve_http`, prometheus-client's own server
-on a daemon thread); the gateway serves it on its HTTP port beside the router's.
+worker serves its registry on its own port (`serve_http`, prometheus-client's WSGI app on a
+threading server of a daemon thread); the gateway serves it on its HTTP port beside the router's.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from services.common.metrics.engine import EngineCollector
 
 LABELS = ("model", "service", "instance")
+STOP_POLL_S = 0.02  # how often a worker's /metrics server looks for its stop
 # Seconds, 1-2-5 per decade from 1 ms to a minute: an inter-token latency of a few
 # milliseconds lands in its own bucket, and so does a long request end to end.
-STOP_POLL_S = 0.02  # how often a worker's /metrics server looks for its stop
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
 
 
