@@ -283,10 +283,13 @@ def _run_batch(args: argparse.Namespace) -> int:
 
 
 def _demo_model_dir() -> str:
-    from engine.demo_model import default_demo_model_dir, ensure_demo_model, is_demo_model_dir
+    from engine.demo_model_dir import default_demo_model_dir, is_demo_model_dir
 
-    if not is_demo_model_dir(default_demo_model_dir()):
-        print(f"baton: making the demo model in {default_demo_model_dir()} (first run only)", file=sys.stderr)
+    if is_demo_model_dir(default_demo_model_dir()):  # made: its maker (and torch) not imported
+        return str(default_demo_model_dir())
+    print(f"baton: making the demo model in {default_demo_model_dir()} (first run only)", file=sys.stderr)
+    from engine.demo_model import ensure_demo_model
+
     return str(ensure_demo_model())
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.demo_model import is_demo_model_dir, make_demo_model
+from engine.demo_model import make_demo_model
+from engine.demo_model_dir import is_demo_model_dir
 from engine.kv_pool import num_state_blocks
 from engine.llm_engine import LLMEngine
 from engine.model_config_loader import load_model_config

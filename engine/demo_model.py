@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import AddedToken, pre_tokenizers
 
+from engine.demo_model_dir import default_demo_model_dir, is_demo_model_dir
 from engine.demo_tokenizer import (
     BOS_TOKEN,
     CHAT_TEMPLATE,
@@ -37,10 +38,6 @@ EMBED_STD = 1.0
 QK_GAIN = 1.5  # sharper-than-uniform attention, so positions and the KV cache matter
 LOGIT_STD = 3.0
 NORM_NOISE_STD = 0.1  # norms ~1 but not exactly 1, so a norm weight left unloaded shows
-
-DEFAULT_DEMO_MODEL_DIR = Path("~/.cache/baton/demo-model")
-REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                  "generation_config.json")
 
 
 def make_demo_model(
@@ -130,15 +127,6 @@ def make_demo_model(
     # safetensors creates the file 0600; other users (a service container) read it too.
     (out / "model.safetensors").chmod(0o644)
     return out
-
-
-def default_demo_model_dir() -> Path:
-    """Where `ensure_demo_model` keeps the demo model: $BATON_DEMO_MODEL, else ~/.cache/baton/demo-model."""
-    return Path(os.environ.get("BATON_DEMO_MODEL") or DEFAULT_DEMO_MODEL_DIR).expanduser()
-
-
-def is_demo_model_dir(path: str | os.PathLike) -> bool:
-    return all((Path(path) / name).is_file() for name in REQUIRED_FILES)
 
 
 def ensure_demo_model(path: str | os.PathLike | None = None, **dims) -> Path:

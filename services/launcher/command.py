@@ -133,7 +133,6 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
     ValueError for flags that cannot run."""
     check_vllm_flags(args)
     import asyncio
-    import dataclasses
 
     from services.launcher.mesh import Mesh
     from services.launcher.specs import MeshConfig
@@ -154,21 +153,11 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         otlp_traces_endpoint=args.otlp_traces_endpoint, kv_events_config=args.kv_events_config,
                         lora_modules=tuple(args.lora_modules) if args.lora_modules else None,
                         gpu_memory_utilization=args.gpu_memory_utilization)
-    # Counted once the flags are checked: counting imports torch, a second before a refusal could answer.
-    config = dataclasses.replace(config, num_gpus=visible_gpu_count())
 
     async def run() -> int:
         return await Mesh(config).run()
 
     return asyncio.run(run())
-
-
-def visible_gpu_count() -> int:
-    """The CUDA devices torch sees here (as CUDA_VISIBLE_DEVICES leaves them; the count makes no CUDA
-    context in the launcher); 0 without a GPU or torch's CUDA build."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:

@@ -19,6 +19,8 @@ every user of the host could read it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import re
 import signal
 from pathlib import Path
@@ -47,6 +49,14 @@ EXIT_FAILED = 1
 SEGMENT_LINE_WAIT_S = 2.0  # the segment line follows SERVING at once
 # A worker prints where it serves Prometheus' /metrics right after its listening line.
 METRICS_LINE = r"^\S+ metrics on (\S+)$"
+
+
+def visible_gpu_count() -> int:
+    """The CUDA devices torch sees here (as CUDA_VISIBLE_DEVICES leaves them; the count makes no CUDA
+    context in the launcher); 0 without a GPU or torch's CUDA build."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class Mesh:
@@ -102,6 +112,9 @@ class Mesh:
         return 0
 
     async def _start(self) -> None:
+        # Counting imports torch in this process, a second of CPU: done beside Redis's and the kvstore
+        # node's start rather than before them (the workers' devices are the first to need it).
+        gpu_count = asyncio.create_task(asyncio.to_thread(visible_gpu_count))
         try:
             if self.config.with_redis and self.config.redis_url is None:
                 await self._start_redis()
@@ -114,6 +127,10 @@ class Mesh:
                 await kvstore.start()
                 self._supervise(kvstore)
                 kvstore_address = self.addresses["kvstore"] = await kvstore.wait_ready(deadline)
+            self.config = dataclasses.replace(self.config, num_gpus=await gpu_count)
+            # torch's modules, imported to count, out of the collector's sight as a service's start-up heap is
+            # (entrypoint.freeze_startup_heap): walked by every full collection, and at exit half a second of CPU.
+            gc.freeze()
             starting = [self._child(spec) for spec in worker_specs(self.config, self.redis_url, kvstore_address)]
             self.workers += starting
             for worker in starting:
@@ -153,6 +170,8 @@ class Mesh:
             self.console.print("Stop with Ctrl-C.")
         except* ChildFailed as group:
             self._fail(group.exceptions[0])
+        finally:
+            gpu_count.cancel()  # when the start failed before the workers
 
     async def _start_redis(self) -> None:
         self.redis = await start_optional_redis(self.console.note, lambda *line: self.console.forward(*line),

@@ -11,12 +11,8 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from engine.demo_model import (
-    default_demo_model_dir,
-    ensure_demo_model,
-    is_demo_model_dir,
-    make_demo_model,
-)
+from engine.demo_model import ensure_demo_model, make_demo_model
+from engine.demo_model_dir import default_demo_model_dir, is_demo_model_dir
 from engine.demo_tokenizer import CHAT_TEMPLATE
 
 transformers = pytest.importorskip("transformers")
