@@ -207,19 +207,26 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         prompt_ids = args.prompt_ids
 
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-    from services.common.device_flag import ENV_DEVICE, resolved_device
+    from services.common.device_flag import ENV_DEVICE, check_device_name, resolved_device
     from services.common.settings import ConfigError, hf_overrides
     from services.common.speculative_flag import speculative_config
 
+    device = args.device or os.environ.get(ENV_DEVICE) or "auto"
+    try:  # what can be checked without torch first: a typo fails in a tenth of a second, not two
+        check_device_name(device)
+        speculative = speculative_config(args.speculative_config, "--speculative-config")
+        overrides = hf_overrides(args.hf_overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
     try:
-        device = resolved_device(args.device or os.environ.get(ENV_DEVICE) or "auto")
-        config = EngineConfig(model=model_dir, dtype=args.dtype, device=device, show_progress=sys.stderr.isatty(),
+        config = EngineConfig(model=model_dir, dtype=args.dtype, device=resolved_device(device),
+                              show_progress=sys.stderr.isatty(),
                               lora_modules=(("lora", args.lora),) if args.lora else (),
-                              kv_cache_dtype=args.kv_cache_dtype,
-                              speculative=speculative_config(args.speculative_config, "--speculative-config"),
-                              hf_overrides=hf_overrides(args.hf_overrides),
+                              kv_cache_dtype=args.kv_cache_dtype, speculative=speculative, hf_overrides=overrides,
                               tensor_parallel_size=args.tensor_parallel_size)
     except (ValueError, ConfigError) as exc:
         raise UsageError(str(exc)) from None
