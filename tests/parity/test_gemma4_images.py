@@ -14,6 +14,8 @@ from engine.prompt_images import ImageInput
 from tests.parity.conftest import greedy_outputs, transformers
 from tests.parity.images import assert_logprobs_match
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+
 IMAGE_TOKEN, BEGIN_IMAGE, END_IMAGE = 500, 498, 499
 PATCH, POOL = 4, 2  # a token a square of 2x2 patches of 4x4 pixels
 MAX_NEW_TOKENS = 8

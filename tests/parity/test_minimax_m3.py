@@ -17,6 +17,8 @@ from tests.parity.conftest import (
 )
 from tests.parity.test_transformers_parity import _check_last_logits, _engine, _hf_model, _random_prompt
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # (tests/parity/conftest.py)
+
 
 def _copy(tiny_model_dirs, tmp_path, changes: dict, removed: tuple[str, ...] = ()):
     return copied_with_config(tiny_model_dirs["minimax-m3"], tmp_path, changes, removed)

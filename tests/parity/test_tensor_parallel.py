@@ -78,6 +78,7 @@ def test_a_model_whose_layers_have_their_own_q_heads_is_split_only_where_each_la
         check_shardable(dataclasses.replace(config, layer_num_heads=(8, 6, 8)), 4, "cpu")
 
 
+@pytest.mark.usefixtures("forked_ranks")  # (the tests below check the ranks' own processes)
 @pytest.mark.parametrize("name", ["mimo-v2-flash", "gemma4-e", "minimax-m3", "gemma4-k-eq-v"])
 def test_a_split_model_of_pages_laid_out_its_own_way_writes_the_pages_an_unsplit_one_writes(tiny_model_dirs, name):
     """MiMo-V2-Flash's full layers have half the pages' KV heads: each writes every other one of them, so that a
@@ -96,6 +97,7 @@ def test_a_split_model_of_pages_laid_out_its_own_way_writes_the_pages_an_unsplit
     torch.testing.assert_close(pools[2], pools[1], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.usefixtures("forked_ranks")  # (the tests below check the ranks' own processes)
 @pytest.mark.parametrize(("name", "size"), [("llama-linear-rope-bf16", 2), ("llama-gqa-untied", 4), ("phi3", 4),
                                              ("gemma4-k-eq-v", 2)])
 def test_ranks_outnumbering_the_kv_heads_each_compute_with_one_of_them(tiny_model_dirs, name, size):
