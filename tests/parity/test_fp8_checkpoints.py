@@ -122,7 +122,8 @@ def test_an_fp8_vision_tower_encodes_images_as_its_dequantized_weights_do(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": LAYOUTS["block"][2]}))
     assert not model.load_state_dict(dequantized, strict=False).unexpected_keys
     pixels = torch.randn(3, TILE, 2 * TILE, generator=torch.Generator().manual_seed(3))
-    [ours] = LLMEngine(EngineConfig(model=str(tmp_path), dtype="float32")).runner.image_encoder.encode([pixels])
+    [ours] = LLMEngine(EngineConfig(model=str(tmp_path), dtype="float32", num_kv_blocks=16)
+                       ).runner.image_encoder.encode([pixels])
     with torch.no_grad():
         features = model.get_image_features(pixel_values=split_to_tiles(pixels[None], 1, 2)[0],
                                             return_dict=True).last_hidden_state

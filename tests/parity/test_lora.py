@@ -188,7 +188,7 @@ def test_an_adapter_on_projections_a_model_does_not_serve_is_refused_by_name(tin
     model_dir = tiny_model_dirs[name]
     make_adapter(tmp_path / "adapter", _hf_model(model_dir), [target], rank=2, alpha=4.0, rslora=False, seed=0)
     with pytest.raises(LoRAError, match=refusal):
-        LLMEngine(EngineConfig(model=str(model_dir), dtype="float32",
+        LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", num_kv_blocks=16,
                                lora_modules=(("tuned", str(tmp_path / "adapter")),)))
 
 

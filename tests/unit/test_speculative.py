@@ -119,10 +119,14 @@ def test_each_request_keeps_its_own_drafts_and_they_add_up_to_the_engines(tiny_d
         assert {k: sum(row) for k, row in s.rows.items()} == \
             {k: sum(1 for drafted, _ in s.per_step if drafted == k) for k in s.rows}
         assert sum(j * n for row in s.rows.values() for j, n in enumerate(row)) == sum(a for _, a in s.per_step)
-    summary = LLMEngine(EngineConfig(model=str(tiny_demo_model), speculative=NGRAM,
+
+
+def test_a_requests_drafts_are_kept_per_step_only_when_asked(tiny_demo_model):
+    # A pool sized for the prompts: the default, carved from a share of free memory, takes seconds to zero here.
+    summary = LLMEngine(EngineConfig(model=str(tiny_demo_model), speculative=NGRAM, num_kv_blocks=128,
                                      per_request_spec_decode_metrics="summary"))
     assert all(out.spec_decode.per_step is None for out in _stream(summary))
-    plain = LLMEngine(EngineConfig(model=str(tiny_demo_model), speculative=NGRAM))
+    plain = LLMEngine(EngineConfig(model=str(tiny_demo_model), speculative=NGRAM, num_kv_blocks=128))
     assert all(out.spec_decode is None for out in _stream(plain))  # kept only when asked for
 
 
