@@ -14,6 +14,7 @@ import torch
 
 from engine import shared_memory_sum
 from engine.tensor_parallel import RankGroup, listening_store
+from tests.services.preloaded_python import spawn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL = (8, 64)  # a decode step's hidden states
@@ -40,8 +41,9 @@ group.close()
 
 def start_ranks(size: int, calls: int) -> tuple[dict, list[subprocess.Popen]]:
     store = listening_store(size)
-    others = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(size), str(store.port), str(calls)],
-                               cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True) for rank in range(1, size)]
+    # Forked from the tests' preloaded Python: a fresh one spends two seconds of CPU importing torch.
+    others = [spawn([sys.executable, "-c", RANK, str(rank), str(size), str(store.port), str(calls)])
+              for rank in range(1, size)]
     return store, others
 
 
@@ -58,8 +60,8 @@ def test_every_rank_holds_the_same_sum_small_and_large(size):
             ours.append(hashlib.sha256(total.numpy().tobytes()).hexdigest())
     group.close()
     for other in others:
-        out, _ = other.communicate(timeout=60)
-        assert other.returncode == 0
+        out = other.stdout.read()
+        assert other.wait(timeout=60) == 0
         if shared_memory_sum.is_supported():  # gloo's ring may leave ranks a rounding apart; ours sum alike
             assert out.split()[0::2] == ours[0::2]
 
