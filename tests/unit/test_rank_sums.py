@@ -14,7 +14,7 @@ import torch
 
 from engine import shared_memory_sum
 from engine.tensor_parallel import RankGroup, listening_store
-from tests.services.preloaded_python import spawn
+from tests.services.preloaded_python import ForkedProcess, spawn
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL = (8, 64)  # a decode step's hidden states
@@ -39,7 +39,7 @@ group.close()
 """
 
 
-def start_ranks(size: int, calls: int) -> tuple[dict, list[subprocess.Popen]]:
+def start_ranks(size: int, calls: int) -> tuple[dict, list[ForkedProcess | subprocess.Popen]]:
     store = listening_store(size)
     # Forked from the tests' preloaded Python: a fresh one spends two seconds of CPU importing torch.
     others = [spawn([sys.executable, "-c", RANK, str(rank), str(size), str(store.port), str(calls)])
