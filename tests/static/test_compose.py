@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.services.preloaded_python import spawn
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "compose.yaml"
 GPU_OVERRIDE = REPO_ROOT / "compose.gpu.yaml"
@@ -67,11 +69,12 @@ def flag_value(argv: list[str], flag: str) -> str:
 
 @functools.cache
 def help_flags(module: str) -> frozenset[str]:
-    """Every --flag `python -m <module> --help` lists."""
-    result = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, f"python -m {module} --help failed:\n{result.stderr}"
-    return frozenset(re.findall(r"--[a-z0-9][a-z0-9-]*", result.stdout))
+    """Every --flag `python -m <module> --help` lists (forked from the tests' preloaded Python: a worker's module
+    imports torch, two seconds of CPU afresh)."""
+    helping = spawn([sys.executable, "-m", module, "--help"], cwd=REPO_ROOT)
+    listed, errors = helping.stdout.read(), helping.stderr.read()
+    assert helping.wait(timeout=120) == 0, f"python -m {module} --help failed:\n{errors}"
+    return frozenset(re.findall(r"--[a-z0-9][a-z0-9-]*", listed))
 
 
 def test_config_is_valid_and_has_every_service():
