@@ -15,14 +15,29 @@ from services.common.entrypoint import StartError
 from services.gateway.http_serving import HttpServing
 
 HTTP_BACKLOG = 2048  # uvicorn's own default
+TICK_S = 0.1  # uvicorn's
 
 
 class _EmbeddedServer(uvicorn.Server):
-    """uvicorn inside our event loop: the process's signal handlers stay ours."""
+    """uvicorn inside our event loop: the process's signal handlers stay ours, and a stop is seen at once."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.exit_requested = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self):
         yield
+
+    async def main_loop(self) -> None:
+        # uvicorn's own sleeps a tick (0.1 s) between its looks at should_exit: every gateway's stop waited
+        # up to that long. Its ticks go on as they were (the date header's once a second).
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK_S):
+                    await self.exit_requested.wait()
 
 
 class HttpListener:
@@ -49,6 +64,7 @@ class HttpListener:
         """Stop taking requests; those in flight get the grace."""
         if self._server is not None:
             self._server.should_exit = True
+            self._server.exit_requested.set()
             await asyncio.gather(self._serving, return_exceptions=True)
 
 

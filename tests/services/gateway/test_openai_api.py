@@ -4,11 +4,14 @@ tokenizer, 2 prefill and 2 decode processes. Greedy output must equal `transform
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import importlib.metadata
 import json
 import re
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -58,6 +61,18 @@ def test_models_lists_the_served_model(client, mesh):
     assert client.models.retrieve(mesh.model_name).id == mesh.model_name
     version = httpx.get(f"{mesh.gateway.base_url}/version", timeout=10).json()
     assert version == {"version": importlib.metadata.version("baton")}
+
+
+def test_responses_carry_a_date_that_goes_on(mesh):
+    """uvicorn's Date header, which its ticks renew once a second (the gateway runs those ticks itself)."""
+    def date() -> datetime.datetime:
+        answer = httpx.get(f"{mesh.gateway.base_url}/health", timeout=10)
+        return email.utils.parsedate_to_datetime(answer.headers["date"])
+
+    first = date()
+    assert abs((first - datetime.datetime.now(datetime.timezone.utc)).total_seconds()) < 5
+    time.sleep(1.2)
+    assert date() > first
 
 
 
