@@ -1,10 +1,11 @@
 """The one-host mesh of `baton up`: start order, supervision and shutdown.
 
 Start: a Redis server first (unless one is given, or none is wanted), which takes
-milliseconds; then the workers of the layout (specs.py: tokenizer, N prefill and M
-decode workers and a kvstore node, or tokenizer and M colocated workers) at once,
-since loading is the slow part; once every one is listening and SERVING,
-the gateway with their addresses; then the banner. The services in REDIS_CLIENTS
+milliseconds; then the kvstore node (the prefill workers are given its address), while
+the GPUs that workers are placed on are counted; then the other workers of the layout
+(specs.py: tokenizer, N prefill and M decode workers, or tokenizer and M colocated
+workers) at once, since loading is the slow part; once every one is listening and
+SERVING, the gateway with their addresses; then the banner. The services in REDIS_CLIENTS
 get the Redis URL. Supervision: a child that exits, or is not ready within the
 start timeout, is reported with its last stderr lines and everything stops with
 exit code 1; Redis alone is optional (routing falls back to load only), so a
