@@ -5,12 +5,15 @@ hashes it forgets leave the Redis prefix index with its next publish, as evicted
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
 from protos import cache_pb2, cache_pb2_grpc
-from services.common.engine_loop import EngineLoop
-from services.common.engine_stepper import EngineDeadError
+from services.common.engine_errors import EngineDeadError
+
+if TYPE_CHECKING:  # a kvstore node names this service too, and imports no engine
+    from services.common.engine_loop import EngineLoop
 
 SERVICE_NAME = cache_pb2.DESCRIPTOR.services_by_name["PrefixCache"].full_name
 

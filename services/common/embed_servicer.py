@@ -13,8 +13,8 @@ import torch
 
 from engine.sampling_params import SamplingParams
 from protos import embed_pb2, embed_pb2_grpc
+from services.common.engine_errors import EngineDeadError
 from services.common.engine_loop import EngineLoop
-from services.common.engine_stepper import EngineDeadError
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES
 from services.common.request_outputs import RequestRefusedError, finished
 

@@ -18,14 +18,11 @@ import torch
 from engine.kv_event_log import with_lora_ids
 from engine.llm_engine import LLMEngine
 from engine.outputs import ComputedPages, RequestOutput
+from services.common.engine_errors import EngineDeadError
 from services.common.request_outputs import IntoQueue, hand_over
 
 log = logging.getLogger("baton.engine_loop")
 STOP = object()
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop has ended on a failed step: nothing more runs on this engine."""
 
 
 class EngineStepper:

@@ -26,18 +26,20 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from engine.llm_engine import LLMEngine
 from services.common.addresses import advertised_address, instance_id
-from services.common.engine_loop import EngineLoop
-from services.common.engine_stepper import EngineDeadError
+from services.common.engine_errors import EngineDeadError
 from services.common.redis_client import connect_redis
 from services.common.registry import InstanceInfo, InstanceRegistry
 from services.kvstore.prefix_index import PrefixIndex
+
+if TYPE_CHECKING:  # a kvstore node publishes too, and imports no engine
+    from engine.llm_engine import LLMEngine
+    from services.common.engine_loop import EngineLoop
 
 log = logging.getLogger("baton.index_publisher")
 

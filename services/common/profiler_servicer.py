@@ -16,7 +16,7 @@ import torch
 
 from protos import profile_pb2, profile_pb2_grpc
 from services.common.cache_servicer import PrefixCacheServicer
-from services.common.engine_stepper import EngineDeadError
+from services.common.engine_errors import EngineDeadError
 
 SERVICE_NAME = profile_pb2.DESCRIPTOR.services_by_name["Profiler"].full_name
 

@@ -16,7 +16,7 @@ from engine.memory_release import MemoryBusyError
 from protos import scheduler_pb2, scheduler_pb2_grpc
 from services.common.cache_servicer import PrefixCacheServicer
 from services.common.converters import MEMORY_KINDS
-from services.common.engine_stepper import EngineDeadError
+from services.common.engine_errors import EngineDeadError
 
 if TYPE_CHECKING:
     from services.decode.leases import LeaseTable

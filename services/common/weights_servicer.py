@@ -11,7 +11,7 @@ import grpc
 
 from protos import weights_pb2, weights_pb2_grpc
 from services.common.cache_servicer import PrefixCacheServicer
-from services.common.engine_stepper import EngineDeadError
+from services.common.engine_errors import EngineDeadError
 
 SERVICE_NAME = weights_pb2.DESCRIPTOR.services_by_name["Weights"].full_name
 

@@ -12,8 +12,8 @@ from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2
 from services.common import request_spans, tracing
 from services.common.converters import finish_reason_name
+from services.common.engine_errors import EngineDeadError
 from services.common.engine_loop import EngineLoop
-from services.common.engine_stepper import EngineDeadError
 from services.common.grpc_server import EarlyHeaders
 from services.common.metrics import ServiceMetrics
 from services.common.request_outputs import RequestRefusedError

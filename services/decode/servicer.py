@@ -40,8 +40,8 @@ import grpc
 
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common.converters import layout_to_proto, sampling_params_from_proto
+from services.common.engine_errors import EngineDeadError
 from services.common.engine_loop import EngineLoop
-from services.common.engine_stepper import EngineDeadError
 from services.common.grpc_server import OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.common.prompt_embeds import given_inputs

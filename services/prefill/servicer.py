@@ -66,8 +66,8 @@ import torch
 from engine.outputs import ComputedPages
 from protos import prefill_pb2, prefill_pb2_grpc
 from services.common import request_spans, tracing
+from services.common.engine_errors import EngineDeadError
 from services.common.engine_loop import EngineLoop
-from services.common.engine_stepper import EngineDeadError
 from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.common.prompt_embeds import given_inputs

@@ -21,8 +21,8 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from services.common.engine_errors import EngineDeadError
 from services.common.engine_loop import EngineLoop
-from services.common.engine_stepper import EngineDeadError
 from services.common.request_outputs import RequestRefusedError, finished
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
