@@ -107,7 +107,10 @@ class BatonUp:
         return "\n".join(["--- stdout", *self.stdout, "--- stderr", *self.stderr])
 
     def cleanup(self) -> None:
-        """Whatever a failed test left running: the launcher, its children, their segments."""
+        """Whatever a test left running: the launcher, its children, their segments, and the temporary --dir of
+        the redis-server it started (which a killed launcher leaves, test_a_killed_launcher_leaves_no_orphans)."""
+        redis = self.pids.get("redis")
+        redis_dir = Path(os.readlink(f"/proc/{redis}/cwd")) if redis is not None and is_alive(redis) else None
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -116,6 +119,8 @@ class BatonUp:
                 os.kill(pid, signal.SIGKILL)
         for segment in self.segments().values():
             Path("/dev/shm", segment).unlink(missing_ok=True)
+        if redis_dir is not None and redis_dir.name.startswith("baton-redis-"):
+            shutil.rmtree(redis_dir, ignore_errors=True)
         self.proc.stdout.close()
         self.proc.stderr.close()
 
