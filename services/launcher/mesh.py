@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import gc
+import os
 import re
 import signal
 from pathlib import Path
@@ -50,11 +51,17 @@ EXIT_FAILED = 1
 SEGMENT_LINE_WAIT_S = 2.0  # the segment line follows SERVING at once
 # A worker prints where it serves Prometheus' /metrics right after its listening line.
 METRICS_LINE = r"^\S+ metrics on (\S+)$"
+# Where a GPU driver shows itself, if there is one: NVIDIA's (on the host and in a container given its
+# GPUs), WSL 2's GPU paravirtualization, and ROCm's (whose GPUs torch counts as CUDA devices too).
+GPU_DRIVER_PATHS = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
 
 
 def visible_gpu_count() -> int:
     """The CUDA devices torch sees here (as CUDA_VISIBLE_DEVICES leaves them; the count makes no CUDA
-    context in the launcher); 0 without a GPU or torch's CUDA build."""
+    context in the launcher); 0 without a GPU or torch's CUDA build. A host with no GPU driver has none:
+    that is answered without importing torch, a second of CPU beside the kvstore node's start."""
+    if not any(os.path.exists(path) for path in GPU_DRIVER_PATHS):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -113,8 +120,8 @@ class Mesh:
         return 0
 
     async def _start(self) -> None:
-        # Counting imports torch in this process, a second of CPU: done beside Redis's and the kvstore
-        # node's start rather than before them (the workers' devices are the first to need it).
+        # Counting imports torch in this process where a GPU driver is, a second of CPU: done beside Redis's
+        # and the kvstore node's start rather than before them (the workers' devices are the first to need it).
         gpu_count = asyncio.create_task(asyncio.to_thread(visible_gpu_count))
         try:
             if self.config.with_redis and self.config.redis_url is None:
@@ -129,7 +136,7 @@ class Mesh:
                 self._supervise(kvstore)
                 kvstore_address = self.addresses["kvstore"] = await kvstore.wait_ready(deadline)
             self.config = dataclasses.replace(self.config, num_gpus=await gpu_count)
-            # torch's modules, imported to count, out of the collector's sight as a service's start-up heap is
+            # torch's modules, if imported to count, out of the collector's sight as a service's start-up heap is
             # (entrypoint.freeze_startup_heap): walked by every full collection, and at exit half a second of CPU.
             gc.freeze()
             starting = [self._child(spec) for spec in worker_specs(self.config, self.redis_url, kvstore_address)]

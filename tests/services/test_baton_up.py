@@ -792,3 +792,21 @@ def test_a_gpu_share_is_split_between_the_workers_on_each_gpu(tiny_demo_model, m
     assert shares(MeshConfig(tiny_demo_model, num_gpus=1, gpu_memory_utilization=0.8,
                              service_args={"decode": ("--gpu-memory-utilization", "0.6")})) == {
         "prefill-0": 0.4, "decode-0": 0.6}
+
+
+def test_gpus_are_counted_without_torch_where_no_gpu_driver_is(monkeypatch):
+    """The launcher counts GPUs beside the kvstore node's start: on a host with no GPU driver that takes
+    no torch import (a second of CPU); where one shows itself, torch counts what CUDA_VISIBLE_DEVICES leaves."""
+    import torch
+
+    from services.launcher import mesh
+
+    counted = subprocess.run(
+        [sys.executable, "-c", "import sys; from services.launcher import mesh; mesh.GPU_DRIVER_PATHS = ('/nowhere',); "
+                               "print(mesh.visible_gpu_count(), 'torch' in sys.modules)"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert counted.stdout.split() == ["0", "False"]
+    monkeypatch.setattr(mesh, "GPU_DRIVER_PATHS", ("/nowhere", str(REPO_ROOT)))  # a driver "is here"
+    assert mesh.visible_gpu_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    monkeypatch.setattr(mesh, "GPU_DRIVER_PATHS", ("/nowhere",))
+    assert mesh.visible_gpu_count() == 0
