@@ -1,11 +1,12 @@
 """The one-host mesh of `baton up`: start order, supervision and shutdown.
 
 Start: a Redis server first (unless one is given, or none is wanted), which takes
-milliseconds; then the kvstore node (the prefill workers are given its address), while
-the GPUs that workers are placed on are counted; then the other workers of the layout
-(specs.py: tokenizer, N prefill and M decode workers, or tokenizer and M colocated
-workers) at once, since loading is the slow part; once every one is listening and
-SERVING, the gateway with their addresses; then the banner. The services in REDIS_CLIENTS
+milliseconds; then the kvstore node (the prefill workers are given its address, once it
+listens), while the GPUs that workers are placed on are counted; then the other workers of
+the layout (specs.py: tokenizer, N prefill and M decode workers, or tokenizer and M
+colocated workers) at once, since loading is the slow part; once every one is listening
+(a worker binds its port before it loads), the gateway with their addresses, which waits
+for them to serve before it does; once every process is SERVING, the banner. The services in REDIS_CLIENTS
 get the Redis URL. Supervision: a child that exits, or is not ready within the
 start timeout, is reported with its last stderr lines and everything stops with
 exit code 1; Redis alone is optional (routing falls back to load only), so a
@@ -134,7 +135,8 @@ class Mesh:
                 self._metrics_lines["kvstore"] = kvstore.expect(METRICS_LINE)
                 await kvstore.start()
                 self._supervise(kvstore)
-                kvstore_address = self.addresses["kvstore"] = await kvstore.wait_ready(deadline)
+                # Its address is what the prefill workers need; its health is waited for with theirs.
+                kvstore_address = self.addresses["kvstore"] = await kvstore.wait_listening(deadline)
             self.config = dataclasses.replace(self.config, num_gpus=await gpu_count)
             # torch's modules, if imported to count, out of the collector's sight as a service's start-up heap is
             # (entrypoint.freeze_startup_heap): walked by every full collection, and at exit half a second of CPU.
@@ -148,8 +150,18 @@ class Mesh:
                 await worker.start()
                 self._supervise(worker)
             async with asyncio.TaskGroup() as group:  # the first failure cancels the other waits
-                ready = [group.create_task(worker.wait_ready(deadline)) for worker in starting]
-            self.addresses |= {worker.name: task.result() for worker, task in zip(starting, ready, strict=True)}
+                listening = [group.create_task(worker.wait_listening(deadline)) for worker in starting]
+            self.addresses |= {worker.name: task.result() for worker, task in zip(starting, listening, strict=True)}
+            if self.config.with_gateway:
+                # Started while the workers load: it waits for them to serve before it does, and its own
+                # start (a second of imports) no longer follows theirs.
+                self.gateway = self._child(gateway_spec(self.config, self.addresses, self.redis_url))
+                http_line = self.gateway.expect(r"^gateway (https?) listening on (\S+)$")
+                await self.gateway.start()
+                self._supervise(self.gateway)
+            async with asyncio.TaskGroup() as group:
+                for worker in self.workers:
+                    group.create_task(worker.wait_ready(deadline))
             self._add_metrics_addresses()
             await self._learn_segments()
             if not self.config.with_gateway:
@@ -158,10 +170,6 @@ class Mesh:
                 self.console.print(self._table())
                 self._print_redis_line()
                 return
-            self.gateway = self._child(gateway_spec(self.config, self.addresses, self.redis_url))
-            http_line = self.gateway.expect(r"^gateway (https?) listening on (\S+)$")
-            await self.gateway.start()
-            self._supervise(self.gateway)
             deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
             grpc_address = await self.gateway.wait_ready(deadline)
             scheme, http_address = (await self.gateway.wait_for(http_line, "serving HTTP", deadline)).groups()

@@ -117,11 +117,17 @@ class ChildProcess:
                    asyncio.create_task(self._read(proc.stderr, "stderr"))]
         self._exited = asyncio.create_task(self._wait(readers))
 
+    async def wait_listening(self, deadline: float) -> str:
+        """Its address once it is listening (its health may say NOT_SERVING yet: a worker binds before it
+        loads), by loop time `deadline`. Raises ChildFailed if it exits first or the deadline passes."""
+        assert self._listening is not None, "start() first"
+        self.address = (await self.wait_for(self._listening, "listening", deadline)).group(1)
+        return self.address
+
     async def wait_ready(self, deadline: float) -> str:
         """Its address once it is listening and health reports SERVING, by loop time `deadline`.
         Raises ChildFailed if it exits first or the deadline passes."""
-        assert self._listening is not None, "start() first"
-        self.address = (await self.wait_for(self._listening, "listening", deadline)).group(1)
+        await self.wait_listening(deadline)
         await self.wait_for(self._poll_health(), "healthy (gRPC health SERVING)", deadline)
         return self.address
 
