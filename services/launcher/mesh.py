@@ -1,12 +1,13 @@
 """The one-host mesh of `baton up`: start order, supervision and shutdown.
 
 Start: a Redis server first (unless one is given, or none is wanted), which takes
-milliseconds; then the kvstore node (the prefill workers are given its address, once it
-listens), while the GPUs that workers are placed on are counted; then the other workers of
-the layout (specs.py: tokenizer, N prefill and M decode workers, or tokenizer and M
-colocated workers) at once, since loading is the slow part; once every one is listening
-(a worker binds its port before it loads), the gateway with their addresses, which waits
-for them to serve before it does; once every process is SERVING, the banner. The services in REDIS_CLIENTS
+milliseconds; then the kvstore node, on a port held for it (held_port.py) so that the
+prefill workers are given its address as they start; once the GPUs that workers are placed
+on are counted, the other workers of the layout (specs.py: tokenizer, N prefill and M
+decode workers, or tokenizer and M colocated workers) at once, since loading is the slow
+part; once every one is listening (a worker binds its port before it loads), the gateway
+with their addresses, which waits for them to serve before it does; once every process is
+SERVING, the banner. The services in REDIS_CLIENTS
 get the Redis URL. Supervision: a child that exits, or is not ready within the
 start timeout, is reported with its last stderr lines and everything stops with
 exit code 1; Redis alone is optional (routing falls back to load only), so a
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit
 from services.launcher.console import Console, process_table
 from services.launcher.environment import child_environment
 from services.launcher.gateway_probe import http_model_name
+from services.launcher.held_port import HeldPort
 from services.launcher.process import ChildFailed, ChildProcess, ChildSpec, describe_exit
 from services.launcher.redis_server import RedisProcess, start_optional_redis
 from services.launcher.segments import SEGMENT_LINE, mapped_segments, remove_segment
@@ -124,19 +126,22 @@ class Mesh:
         # Counting imports torch in this process where a GPU driver is, a second of CPU: done beside Redis's
         # and the kvstore node's start rather than before them (the workers' devices are the first to need it).
         gpu_count = asyncio.create_task(asyncio.to_thread(visible_gpu_count))
+        kvstore_port: HeldPort | None = None
         try:
             if self.config.with_redis and self.config.redis_url is None:
                 await self._start_redis()
             deadline = asyncio.get_running_loop().time() + self.config.start_timeout_s
             kvstore_address = None
             if self.config.with_kvstore:
-                kvstore = self._child(kvstore_spec(self.config, self.redis_url))
+                # Its address is what the prefill workers need: known at once, its port held for it, so they
+                # start beside it (its health is waited for with theirs).
+                kvstore_port = HeldPort()
+                kvstore = self._child(kvstore_spec(self.config, self.redis_url, kvstore_port.port))
                 self.workers.append(kvstore)
                 self._metrics_lines["kvstore"] = kvstore.expect(METRICS_LINE)
                 await kvstore.start()
                 self._supervise(kvstore)
-                # Its address is what the prefill workers need; its health is waited for with theirs.
-                kvstore_address = self.addresses["kvstore"] = await kvstore.wait_listening(deadline)
+                kvstore_address = self.addresses["kvstore"] = kvstore_port.address
             self.config = dataclasses.replace(self.config, num_gpus=await gpu_count)
             # torch's modules, if imported to count, out of the collector's sight as a service's start-up heap is
             # (entrypoint.freeze_startup_heap): walked by every full collection, and at exit half a second of CPU.
@@ -150,8 +155,10 @@ class Mesh:
                 await worker.start()
                 self._supervise(worker)
             async with asyncio.TaskGroup() as group:  # the first failure cancels the other waits
-                listening = [group.create_task(worker.wait_listening(deadline)) for worker in starting]
-            self.addresses |= {worker.name: task.result() for worker, task in zip(starting, listening, strict=True)}
+                listening = [group.create_task(worker.wait_listening(deadline)) for worker in self.workers]
+            self.addresses |= {worker.name: task.result() for worker, task in zip(self.workers, listening, strict=True)}
+            if kvstore_port is not None:
+                kvstore_port.release()
             if self.config.with_gateway:
                 # Started while the workers load: it waits for them to serve before it does, and its own
                 # start (a second of imports) no longer follows theirs.
@@ -188,6 +195,8 @@ class Mesh:
             self._fail(group.exceptions[0])
         finally:
             gpu_count.cancel()  # when the start failed before the workers
+            if kvstore_port is not None:
+                kvstore_port.release()
 
     async def _start_redis(self) -> None:
         self.redis = await start_optional_redis(self.console.note, lambda *line: self.console.forward(*line),

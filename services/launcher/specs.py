@@ -192,17 +192,19 @@ def redis_args(kind: str, redis_url: str | None) -> tuple[str, ...]:
     return ("--redis", redis_url) if redis_url is not None and kind in REDIS_CLIENTS else ()
 
 
-def _worker_spec(config: MeshConfig, redis_url: str | None, name: str, kind: str, *args: str) -> ChildSpec:
-    """A service bound to a free loopback port."""
+def _worker_spec(config: MeshConfig, redis_url: str | None, name: str, kind: str, *args: str, port: int = 0
+                 ) -> ChildSpec:
+    """A service bound to loopback `port` (0: a free one)."""
     return ChildSpec(name, (config.python, "-m", f"services.{kind}", *args, *redis_args(kind, redis_url),
-                            "--host", "127.0.0.1", "--port", "0", "--shutdown-grace-s", f"{config.shutdown_grace_s:g}",
+                            "--host", "127.0.0.1", "--port", str(port),
+                            "--shutdown-grace-s", f"{config.shutdown_grace_s:g}",
                             *config.service_args.get(kind, ())),
                      f"{kind} listening on ", HEALTH_NAMES[kind])
 
 
-def kvstore_spec(config: MeshConfig, redis_url: str | None = None) -> ChildSpec:
-    """The kvstore node: started first, since prefill workers are given its address."""
-    return _worker_spec(config, redis_url, "kvstore", "kvstore")
+def kvstore_spec(config: MeshConfig, redis_url: str | None = None, port: int = 0) -> ChildSpec:
+    """The kvstore node, on `port` (0: any free one): prefill workers are given its address."""
+    return _worker_spec(config, redis_url, "kvstore", "kvstore", port=port)
 
 
 def worker_specs(config: MeshConfig, redis_url: str | None = None, kvstore_address: str | None = None
