@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -244,6 +245,9 @@ def _generate(args: argparse.Namespace) -> int:
         engine = LLMEngine(dataclasses.replace(config, num_kv_blocks=num_blocks))
     except (LoRAError, ValueError) as exc:  # ValueError: a model the config cannot split (--tensor-parallel-size)
         raise UsageError(str(exc)) from None
+    # The engine and torch's modules live until exit: out of the collector's sight, as a worker's start-up heap is
+    # (services/common/entrypoint.py), Python's exit no longer walks them (0.48-0.57 s of it here, 0.15-0.19 frozen).
+    gc.freeze()
 
     start = time.perf_counter()
     from engine.streaming_text import StreamingText
