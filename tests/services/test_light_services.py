@@ -33,3 +33,15 @@ def test_the_service_imports_nothing_of_the_engine_extra(module):
     distributions = set(json.loads(loaded.stdout))
     assert {"torch", "numpy"} <= engine_distributions()
     assert not distributions & engine_distributions(), distributions & engine_distributions()
+
+
+@pytest.mark.parametrize("kind", ["prefill", "decode", "kvstore"])
+def test_a_worker_reads_its_flags_before_importing_torch(kind):
+    """`python -m services.<worker> --help`, or a mistyped flag in a compose file, answers without the two
+    seconds of torch's import: the service itself (services/<worker>/service.py) is imported once they are read."""
+    check = ("import sys; from services.%s.__main__ import main\n"
+             "try:\n    code = main(['--no-such-flag'])\nexcept SystemExit as e:\n    code = e.code\n"
+             "print(code, 'torch' in sys.modules)" % kind)
+    answered = subprocess.run([sys.executable, "-c", check], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert answered.stdout.split() == ["2", "False"], answered.stderr
+    assert "--no-such-flag" in answered.stderr

@@ -170,7 +170,7 @@ def test_early_transfer_by_default_only_where_the_prompt_computes_on_a_gpu(tiny_
 def test_a_prefill_worker_takes_the_decode_workers_eagle_head_to_compute_its_kv_into_the_pages(tiny_demo_model):
     """--speculative-config (or its variable): an EAGLE head's or MTP layer's, whose KV the engine computes into the
     pages it hands over; an n-gram or draft-model config gives its engine none (it never drafts)."""
-    from services.prefill.__main__ import prefill_drafter
+    from services.prefill.service import prefill_drafter
 
     model = ["--model", str(tiny_demo_model)]
     eagle = '{"method": "eagle", "model": "/heads/eagle", "num_speculative_tokens": 3}'
