@@ -45,5 +45,12 @@ def test_a_held_port_is_refused_to_others_and_bound_by_a_grpc_server_that_then_a
         assert asyncio.run(serve_and_check()) == held.port
     finally:
         held.release()
+
+
+def test_a_released_port_is_free():
+    # A port no server used: one that served may be held a while longer by its connections' TIME_WAIT.
+    held = HeldPort()
+    assert not plain_bind(held.port)
+    held.release()
     held.release()  # again: a no-op
     assert plain_bind(held.port)
