@@ -31,6 +31,7 @@ import fcntl
 import functools
 import gc
 import importlib
+import importlib.util
 import io
 import json
 import os
@@ -261,6 +262,9 @@ def main() -> None:
     for name in SERVICES:
         importlib.import_module(f"services.{name}.__main__")
         del sys.modules[f"services.{name}.__main__"]  # run afresh as __main__, as runpy wants it
+        # A worker's __main__ imports its service (torch and the engine) only once its flags are read.
+        if importlib.util.find_spec(f"services.{name}.service") is not None:
+            importlib.import_module(f"services.{name}.service")
     control = socket.socket(fileno=int(sys.argv[1]))
     command = _serve(control)
     if command is not None:

@@ -81,3 +81,13 @@ def test_passed_descriptors_are_at_their_numbers_and_output_is_inherited(capfd):
         assert os.read(r, 64) == str(w).encode()
         os.close(r)
     assert "on our stdout" in capfd.readouterr().out
+
+
+def test_a_fork_has_every_services_modules_imported_already():
+    """What the preloading is for: a worker's own modules (torch and the engine, which its __main__ imports only
+    once its flags are read) are in the fork before it runs, not imported again by each one."""
+    services = ("services.prefill.service", "services.decode.service", "services.kvstore.service",
+                "services.gateway.http_app", "torch", "engine.llm_engine")
+    forked = spawn([sys.executable, "-c", f"import sys; print(*[m in sys.modules for m in {services!r}])"])
+    assert forked.wait(timeout=60) == 0
+    assert forked.stdout.read().split() == ["True"] * len(services)
