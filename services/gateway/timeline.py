@@ -27,7 +27,8 @@ Phases (milliseconds in the JSON), in the order a request meets them:
   before the prompt's write to the worker having it, and `from_prefill`, from the worker sending
   the first token to the gateway having it (the rest of `rpc` is the worker's own code around its
   engine, and the hand-offs to and from its engine thread);
-- `first_token`: detokenizing the first token and handing it to the client;
+- `first_token`: detokenizing the first token and handing it to the client, up to the server's write of it
+  having completed (gRPC's or the HTTP stream's: the client may have it before that);
 - `kv_transfer`: after that, waiting for the prefill worker's handoff (it reserves pages
   on the decode worker and writes the KV into them while the first token goes out);
 - `decode_queue`: waiting for the decode worker to take the request into its batch;
