@@ -125,7 +125,8 @@ class PromptEncoder:
         if keep == -1:
             keep = self.tokenizer.max_model_len or len(prompt)
         if keep < 1:
-            raise InvalidRequestError(f"truncate_prompt_tokens must be -1 or at least 1, got {keep}")
+            raise InvalidRequestError(f"truncate_prompt_tokens must be -1 or at least 1, got {keep}",
+                                      param="truncate_prompt_tokens")
         return prompt[-keep:] if len(prompt) > keep else prompt
 
     def check_context(self, prompt: Sequence[int], params: common_pb2.SamplingParams) -> None:
@@ -145,4 +146,4 @@ class PromptEncoder:
         max_tokens = params.max_tokens if params.HasField("max_tokens") else EngineSamplingParams.max_tokens
         if params.min_tokens > max_tokens:
             raise InvalidRequestError(f"min_tokens ({params.min_tokens}) must not be more than max_tokens "
-                                      f"({max_tokens})")
+                                      f"({max_tokens})", param="min_tokens")

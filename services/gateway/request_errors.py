@@ -11,6 +11,11 @@ import grpc
 
 from services.gateway.workers import NoHealthyWorkerError
 
+# The request fields a worker's refusal may begin with ("logit_bias: token id ... is outside the
+# vocabulary", engine/admission.py's words): the field an error body's `param` names. Others (an
+# engine's own, such as guide_after_token_ids) leave it to the caller's default (the prompt).
+WORKER_CHECKED_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "stop_token_ids")
+
 UNTRUSTED_TEMPLATE = ("chat_template: this server renders conversations by the model's chat template only; a "
                       "request's own is taken where the gateway runs with --trust-request-chat-template")
 
@@ -54,7 +59,9 @@ def error_reason(e: BaseException) -> str:
 
 def from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidRequestError(e.details())
+        details = e.details() or ""
+        field = details.partition(":")[0]
+        return InvalidRequestError(details, param=field if field in WORKER_CHECKED_FIELDS else None)
     if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
         details = e.details() or ""
         if "larger than max" in details:

@@ -58,7 +58,7 @@ async def prepared_prompt(prompts: PromptEncoder, request_id: str, given: Reques
     check_embedded(params, given.embeds)
     token_ids = [PLACEHOLDER_TOKEN_ID] * given.embeds.num_rows if given.embeds is not None else given.token_ids
     if any(not s for s in stop):
-        raise InvalidRequestError("stop strings must be non-empty")
+        raise InvalidRequestError("stop strings must be non-empty", param="stop")
     fill_thinking_budget(params, checks.thinking_markers)
     _check_num_logprobs(params, checks.max_logprobs)
     with spans.phase("tokenize"):
