@@ -122,7 +122,7 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt, str):
             return [*embedded, prompt]
         if not prompt:
-            raise ValueError("prompt must not be empty")
+            raise FieldError("prompt", "prompt must not be empty")
         if isinstance(prompt[0], int):  # list[StrictInt] matched: all of them are
             return [*embedded, prompt]
         return [*embedded, *prompt]

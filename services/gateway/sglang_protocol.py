@@ -153,12 +153,13 @@ def completion_request(prompt: str | list[int], sampling: dict[str, Any], model:
                                                  "prompt_logprobs": prompt_logprobs})
     except ValidationError as e:
         error = validation_error(RequestValidationError(e.errors(include_url=False)))
-    name = error.param if error.param in SGLANG_NAMES else (error.param or "").split(".")[0]
+    if not error.param:  # a check of the whole request's
+        raise APIError(400, error.message)
+    name = error.param if error.param in SGLANG_NAMES else error.param.split(".")[0]
     if name in TOP_LEVEL_NAMES:  # fields of the request itself, not of its sampling_params
         raise APIError(400, error.message, param=TOP_LEVEL_NAMES[name])
     theirs = f"sampling_params.{SGLANG_NAMES.get(name, name)}"
-    raise APIError(400, error.message.replace(f"{error.param}:", f"{theirs}:", 1) if error.param else error.message,
-                   param=theirs)
+    raise APIError(400, error.message.replace(f"{error.param}:", f"{theirs}:", 1), param=theirs)
 
 
 def stream_interval(sampling: dict[str, Any]) -> int:

@@ -119,7 +119,7 @@ CASES = [
     ("token id past the vocabulary", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, 10**6]}, 400, None),
     ("negative token id", "/v1/completions", {"model": "MODEL", "prompt": [5, 6, -1]}, 400, "prompt"),
     ("token id past int32", "/v1/completions", {"model": "MODEL", "prompt": [5, 2**40]}, 400, "prompt"),
-    ("empty prompt list", "/v1/completions", {"model": "MODEL", "prompt": []}, 400, None),
+    ("empty prompt list", "/v1/completions", {"model": "MODEL", "prompt": []}, 400, "prompt"),
     ("fractional token ids", "/v1/completions", {"model": "MODEL", "prompt": [5, 6.5]}, 400, "prompt"),
     ("boolean token ids", "/v1/completions", {"model": "MODEL", "prompt": [True, 6]}, 400, "prompt"),
     ("ids and text mixed", "/v1/completions", {"model": "MODEL", "prompt": [5, "six"]}, 400, "prompt"),

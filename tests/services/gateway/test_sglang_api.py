@@ -198,6 +198,7 @@ def test_the_sglang_frontends_request_is_served_with_its_defaults(mesh):
     ({"text": PROMPT, "image_data": "cat.png"}, "image_data"),
     ({"text": [PROMPT, PROMPT], "rid": "one"}, "rid"),
     ({"input_ids": [5] * 5000, "sampling_params": {"max_new_tokens": 4}}, "input_ids"),
+    ({"input_ids": [[5], []], "sampling_params": {"max_new_tokens": 4}}, "input_ids"),  # one empty prompt of two
     ({"text": PROMPT, "lora_path": "no-such-adapter"}, "model"),
 ])
 def test_bad_requests_are_400s_naming_sglangs_field(mesh, body, param):
