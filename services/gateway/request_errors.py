@@ -9,12 +9,17 @@ import asyncio
 
 import grpc
 
+from protos import common_pb2
 from services.gateway.workers import NoHealthyWorkerError
 
-# The request fields a worker's refusal may begin with ("logit_bias: token id ... is outside the
-# vocabulary", engine/admission.py's words): the field an error body's `param` names. Others (an
-# engine's own, such as guide_after_token_ids) leave it to the caller's default (the prompt).
-WORKER_CHECKED_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words", "stop_token_ids")
+# The sampling parameters a worker's refusal may begin with ("temperature must be >= 0, got -1.0",
+# "logit_bias: token id 9000 is outside the vocabulary [0, 8192)": engine/sampling_params.py's and
+# admission.py's words), as the APIs name them: the field an error body's `param` names. Not those
+# the gateway fills in itself, nor those an API names otherwise (SGLang's label_token_ids): a refusal
+# of one of them names the caller's default (the prompt).
+REQUEST_SAMPLING_FIELDS = frozenset(common_pb2.SamplingParams.DESCRIPTOR.fields_by_name) - {
+    "guide_after_token_id", "guide_after_token_ids", "images", "prompt_embeds", "stream_interval",
+    "logprob_token_ids", "thinking_budget"}
 
 UNTRUSTED_TEMPLATE = ("chat_template: this server renders conversations by the model's chat template only; a "
                       "request's own is taken where the gateway runs with --trust-request-chat-template")
@@ -60,8 +65,8 @@ def error_reason(e: BaseException) -> str:
 def from_rpc_error(e: grpc.aio.AioRpcError) -> Exception:
     if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
         details = e.details() or ""
-        field = details.partition(":")[0]
-        return InvalidRequestError(details, param=field if field in WORKER_CHECKED_FIELDS else None)
+        field = details.split(" ", 1)[0].removesuffix(":")
+        return InvalidRequestError(details, param=field if field in REQUEST_SAMPLING_FIELDS else None)
     if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
         details = e.details() or ""
         if "larger than max" in details:

@@ -183,6 +183,21 @@ def test_errors_end_the_stream_with_an_error_message(stub, mesh):
     mesh.assert_decode_pools_free()
 
 
+@pytest.mark.parametrize(("sampling", "param"), [
+    (common_pb2.SamplingParams(temperature=-1), "temperature"),
+    (common_pb2.SamplingParams(top_p=float("nan")), "top_p"),
+    (common_pb2.SamplingParams(repetition_penalty=float("inf")), "repetition_penalty"),
+    (common_pb2.SamplingParams(logit_bias={5: 100.5}), "logit_bias"),
+    (common_pb2.SamplingParams(logit_bias={99999: 1}), "logit_bias"),  # past the vocabulary: the engine's check
+    (common_pb2.SamplingParams(stop_token_ids=[99999]), "stop_token_ids"),
+    (common_pb2.SamplingParams(guided_regex="("), "guided_regex"),
+])
+def test_a_refused_sampling_parameter_is_the_errors_param(stub, sampling, param):
+    [response] = stub.Generate(gateway_pb2.GenerateRequest(token_ids=common_pb2.TokenIds(token_ids=[5, 6, 7]),
+                                                           sampling=sampling), timeout=30)
+    assert response.error.code == 400 and response.error.param == param, response
+
+
 def test_a_cancelled_call_frees_its_pages(stub, mesh):
     call = stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=greedy(1900),
                                                      stream_options=gateway_pb2.StreamOptions(stream=True)))
