@@ -188,7 +188,9 @@ def running_stacks(skip: asyncio.Task | None = None) -> str:
     out = io.StringIO()
     for task in asyncio.all_tasks():
         if task is not skip:
-            task.print_stack(file=out)
+            # Not `task.print_stack`: a frame of a task may have no line number (3.11: None), on which it fails.
+            frames = ((frame, frame.f_lineno or frame.f_code.co_firstlineno) for frame in task.get_stack())
+            out.write(f"{task!r}:\n{''.join(traceback.StackSummary.extract(frames).format())}")
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     for ident, frame in sys._current_frames().items():
         out.write(f"Thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}")

@@ -136,3 +136,27 @@ def test_a_slow_close_logs_where_it_waits_and_still_finishes(monkeypatch, caplog
     assert made[0].is_closed
     [report] = [r.getMessage() for r in caplog.records if "still closing after" in r.getMessage()]
     assert "_flush_the_last_spans" in report and "Thread MainThread" in report
+
+
+def test_the_stacks_logged_include_grpcs_own_tasks_whose_frames_have_no_line_number():
+    """grpc.aio's tasks run Cython coroutines whose frames give no line number (None), on which
+    `Task.print_stack` fails (a gateway hanging at shutdown then crashed instead of saying where)."""
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    async def stacks_during_a_call() -> str:
+        server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+                await call.read()  # the call's status is awaited in a task of grpc's own meanwhile
+                stacks = entrypoint.running_stacks(skip=asyncio.current_task())
+                call.cancel()
+        finally:
+            await server.stop(None)
+        return stacks
+
+    assert "_handle_status_once_received" in asyncio.run(stacks_during_a_call())
