@@ -24,6 +24,7 @@ from services.gateway.responses_api import ResponsesShape
 log = logging.getLogger("baton.gateway.responses")
 ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
 FOLLOW_RETRY_S = 1.0
+CANCEL_AGAIN_S = 0.1
 
 
 class BackgroundResponses:
@@ -70,8 +71,11 @@ class BackgroundResponses:
     async def close(self) -> None:
         """Cancel every response still generating (the gateway is stopping)."""
         if self._following is not None:
-            self._following.cancel()
-            await asyncio.gather(self._following, return_exceptions=True)
+            # Again until it ends: redis-py's read of the cancel channel can take a cancel that comes as its
+            # own poll timeout runs out for that timeout, and then reads on (the gateway hung at shutdown).
+            while not self._following.done():
+                self._following.cancel()
+                await asyncio.wait([self._following], timeout=CANCEL_AGAIN_S)
         for response_id in list(self._running):
             await self.cancel(response_id)
 
