@@ -152,9 +152,15 @@ def salted(sampling_params: SamplingParams, prompt_embeds: torch.Tensor | Withhe
         dataclasses.replace(sampling_params, cache_salt=salt)
 
 
+class NoRoomYet(RuntimeError):
+    """Too few pages are free now for a reservation the pool holds room for: one may be made
+    once running requests free theirs."""
+
+
 def check_reservation(engine: LLMEngine, request_id: str, num_prompt_tokens: int) -> int:
     """The number of pages a prompt of `num_prompt_tokens` takes, when `engine` can reserve them now.
-    ValueError for a reservation it can never take; RuntimeError while too few pages are free."""
+    ValueError for a reservation it can never take; NoRoomYet while too few pages are free, a plain
+    RuntimeError where the whole pool has fewer."""
     check_weights_held(engine)
     if not 0 < num_prompt_tokens < engine.max_model_len:
         raise ValueError(f"prompt of {num_prompt_tokens} tokens does not fit the context of "
@@ -162,6 +168,8 @@ def check_reservation(engine: LLMEngine, request_id: str, num_prompt_tokens: int
     if engine.has_request(request_id):
         raise ValueError(f"request id {request_id!r} is already in use")
     num_blocks = -(-num_prompt_tokens // engine.config.block_size) + engine.block_manager.num_state_blocks
+    if num_blocks > engine.block_manager.num_blocks:
+        raise RuntimeError(f"no room for {num_blocks} KV blocks in a pool of {engine.block_manager.num_blocks}")
     if not engine.block_manager.can_reserve(num_blocks):
-        raise RuntimeError(f"no room for {num_blocks} KV blocks now ({engine.block_manager.num_free_blocks} free)")
+        raise NoRoomYet(f"no room for {num_blocks} KV blocks now ({engine.block_manager.num_free_blocks} free)")
     return num_blocks

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/decode.proto\x12\x0f\x62\x61ton.decode.v1\x1a\x13protos/common.proto\"\x93\x01\n\x16GenerateLocallyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12\x18\n\x10output_token_ids\x18\x04 \x03(\x05\"8\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\"\xe3\x01\n\x0bReservation\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\x05\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12)\n\x06layout\x18\x04 \x01(\x0b\x32\x19.baton.common.v1.KVLayout\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12\x30\n\ntransports\x18\x06 \x03(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x0f\n\x07host_id\x18\x07 \x01(\t\x12\x17\n\x0f\x63uda_ipc_handle\x18\x08 \x01(\x0c\"\xd3\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x16\n\x0e\x66irst_token_id\x18\x04 \x01(\x05\x12\x31\n\x08sampling\x18\x05 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12\x18\n\x10output_token_ids\x18\x06 \x03(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x07 \x03(\x05\"\xc0\x02\n\x0b\x44\x65\x63odeChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12.\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x34\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\r\x12/\n\x07timings\x18\x05 \x01(\x0b\x32\x1e.baton.decode.v1.DecodeTimings\x12\x35\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0bspec_decode\x18\x07 \x01(\x0b\x32 .baton.decode.v1.SpecDecodeStats\"\x8d\x01\n\x0fSpecDecodeStats\x12\x17\n\x0fnum_spec_tokens\x18\x01 \x01(\r\x12,\n\x04rows\x18\x02 \x03(\x0b\x32\x1e.baton.decode.v1.SpecDecodeRow\x12\x18\n\x10per_step_drafted\x18\x03 \x03(\r\x12\x19\n\x11per_step_accepted\x18\x04 \x03(\r\"7\n\rSpecDecodeRow\x12\x13\n\x0bnum_drafted\x18\x01 \x01(\r\x12\x11\n\tnum_steps\x18\x02 \x03(\x04\"?\n\rDecodeTimings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\"X\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x34\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\x95\x03\n\x06\x44\x65\x63ode\x12H\n\x07Reserve\x12\x1f.baton.decode.v1.ReserveRequest\x1a\x1c.baton.decode.v1.Reservation\x12H\n\x06\x44\x65\x63ode\x12\x1e.baton.decode.v1.DecodeRequest\x1a\x1c.baton.decode.v1.DecodeChunk0\x01\x12S\n\x0f\x44\x65\x63odePreopened\x12\x1e.baton.decode.v1.DecodeRequest\x1a\x1c.baton.decode.v1.DecodeChunk(\x01\x30\x01\x12\x46\n\x05\x41\x62ort\x12\x1d.baton.decode.v1.AbortRequest\x1a\x1e.baton.decode.v1.AbortResponse\x12Z\n\x0fGenerateLocally\x12\'.baton.decode.v1.GenerateLocallyRequest\x1a\x1c.baton.decode.v1.DecodeChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/decode.proto\x12\x0f\x62\x61ton.decode.v1\x1a\x13protos/common.proto\"\x93\x01\n\x16GenerateLocallyRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12\x18\n\x10output_token_ids\x18\x04 \x03(\x05\"I\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x0f\n\x07wait_ms\x18\x03 \x01(\r\"\xe3\x01\n\x0bReservation\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x11\n\tblock_ids\x18\x02 \x03(\x05\x12\x10\n\x08lease_ms\x18\x03 \x01(\r\x12)\n\x06layout\x18\x04 \x01(\x0b\x32\x19.baton.common.v1.KVLayout\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12\x30\n\ntransports\x18\x06 \x03(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x0f\n\x07host_id\x18\x07 \x01(\t\x12\x17\n\x0f\x63uda_ipc_handle\x18\x08 \x01(\x0c\"\xd3\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x16\n\x0e\x66irst_token_id\x18\x04 \x01(\x05\x12\x31\n\x08sampling\x18\x05 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12\x18\n\x10output_token_ids\x18\x06 \x03(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x07 \x03(\x05\"\xc0\x02\n\x0b\x44\x65\x63odeChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12.\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x34\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\r\x12/\n\x07timings\x18\x05 \x01(\x0b\x32\x1e.baton.decode.v1.DecodeTimings\x12\x35\n\x0fprompt_logprobs\x18\x06 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x35\n\x0bspec_decode\x18\x07 \x01(\x0b\x32 .baton.decode.v1.SpecDecodeStats\"\x8d\x01\n\x0fSpecDecodeStats\x12\x17\n\x0fnum_spec_tokens\x18\x01 \x01(\r\x12,\n\x04rows\x18\x02 \x03(\x0b\x32\x1e.baton.decode.v1.SpecDecodeRow\x12\x18\n\x10per_step_drafted\x18\x03 \x03(\r\x12\x19\n\x11per_step_accepted\x18\x04 \x03(\r\"7\n\rSpecDecodeRow\x12\x13\n\x0bnum_drafted\x18\x01 \x01(\r\x12\x11\n\tnum_steps\x18\x02 \x03(\x04\"?\n\rDecodeTimings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\"X\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x34\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\x95\x03\n\x06\x44\x65\x63ode\x12H\n\x07Reserve\x12\x1f.baton.decode.v1.ReserveRequest\x1a\x1c.baton.decode.v1.Reservation\x12H\n\x06\x44\x65\x63ode\x12\x1e.baton.decode.v1.DecodeRequest\x1a\x1c.baton.decode.v1.DecodeChunk0\x01\x12S\n\x0f\x44\x65\x63odePreopened\x12\x1e.baton.decode.v1.DecodeRequest\x1a\x1c.baton.decode.v1.DecodeChunk(\x01\x30\x01\x12\x46\n\x05\x41\x62ort\x12\x1d.baton.decode.v1.AbortRequest\x1a\x1e.baton.decode.v1.AbortResponse\x12Z\n\x0fGenerateLocally\x12\'.baton.decode.v1.GenerateLocallyRequest\x1a\x1c.baton.decode.v1.DecodeChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,23 +35,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATELOCALLYREQUEST']._serialized_start=62
   _globals['_GENERATELOCALLYREQUEST']._serialized_end=209
   _globals['_RESERVEREQUEST']._serialized_start=211
-  _globals['_RESERVEREQUEST']._serialized_end=267
-  _globals['_RESERVATION']._serialized_start=270
-  _globals['_RESERVATION']._serialized_end=497
-  _globals['_DECODEREQUEST']._serialized_start=500
-  _globals['_DECODEREQUEST']._serialized_end=711
-  _globals['_DECODECHUNK']._serialized_start=714
-  _globals['_DECODECHUNK']._serialized_end=1034
-  _globals['_SPECDECODESTATS']._serialized_start=1037
-  _globals['_SPECDECODESTATS']._serialized_end=1178
-  _globals['_SPECDECODEROW']._serialized_start=1180
-  _globals['_SPECDECODEROW']._serialized_end=1235
-  _globals['_DECODETIMINGS']._serialized_start=1237
-  _globals['_DECODETIMINGS']._serialized_end=1300
-  _globals['_ABORTREQUEST']._serialized_start=1302
-  _globals['_ABORTREQUEST']._serialized_end=1390
-  _globals['_ABORTRESPONSE']._serialized_start=1392
-  _globals['_ABORTRESPONSE']._serialized_end=1422
-  _globals['_DECODE']._serialized_start=1425
-  _globals['_DECODE']._serialized_end=1830
+  _globals['_RESERVEREQUEST']._serialized_end=284
+  _globals['_RESERVATION']._serialized_start=287
+  _globals['_RESERVATION']._serialized_end=514
+  _globals['_DECODEREQUEST']._serialized_start=517
+  _globals['_DECODEREQUEST']._serialized_end=728
+  _globals['_DECODECHUNK']._serialized_start=731
+  _globals['_DECODECHUNK']._serialized_end=1051
+  _globals['_SPECDECODESTATS']._serialized_start=1054
+  _globals['_SPECDECODESTATS']._serialized_end=1195
+  _globals['_SPECDECODEROW']._serialized_start=1197
+  _globals['_SPECDECODEROW']._serialized_end=1252
+  _globals['_DECODETIMINGS']._serialized_start=1254
+  _globals['_DECODETIMINGS']._serialized_end=1317
+  _globals['_ABORTREQUEST']._serialized_start=1319
+  _globals['_ABORTREQUEST']._serialized_end=1407
+  _globals['_ABORTRESPONSE']._serialized_start=1409
+  _globals['_ABORTRESPONSE']._serialized_end=1439
+  _globals['_DECODE']._serialized_start=1442
+  _globals['_DECODE']._serialized_end=1847
 # @@protoc_insertion_point(module_scope)

@@ -20,12 +20,14 @@ class GenerateLocallyRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("request_id", "num_tokens")
+    __slots__ = ("request_id", "num_tokens", "wait_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    wait_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class Reservation(_message.Message):
     __slots__ = ("reservation_id", "block_ids", "lease_ms", "layout", "shm_name", "transports", "host_id", "cuda_ipc_handle")

@@ -67,8 +67,8 @@ class DecodeServicer:
     """
 
     def Reserve(self, request, context):
-        """Set aside pages for a prompt. They are held under a lease: freed if no
-        Decode call claims them in time.
+        """Set aside pages for a prompt, waiting for them as its wait_ms allows. They are held
+        under a lease: freed if no Decode call claims them in time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -5,7 +5,8 @@ Status codes:
   the context, sampling values out of range, a request id already in use).
 - NOT_FOUND: Decode names a reservation that is unknown, expired, already claimed
   or held for another request id.
-- RESOURCE_EXHAUSTED: Reserve finds too few free pages now (retry later or elsewhere).
+- RESOURCE_EXHAUSTED: Reserve finds too few free pages, now or, for one that may wait (its wait_ms),
+  by the end of its wait (reserve_queue.py); at once for more than the whole pool (retry elsewhere).
 - UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping),
   also for a call whose engine work was still queued behind the step that failed: it never ran.
 - INTERNAL: the engine failed in a step that was running the request.
@@ -15,7 +16,8 @@ GenerateLocally (which prefills a short prompt here instead of on a prefill work
 An Abort that names a finish reason (the gateway matched a stop string) ends the request
 as finished for that reason: its stream's last chunk carries it, and it is counted so.
 
-Metrics: requests finished by finish reason, and errors by reason: `unavailable`,
+Metrics: Reserve calls waiting for pages (`baton_kv_reserves_waiting`); requests finished by finish
+reason, and errors by reason: `unavailable`,
 `invalid_argument`, `no_free_pages` (Reserve refused), `reservation_not_found`,
 `lease_expired`, `aborted` (an Abort without a finish reason ended a running request),
 `cancelled` (its caller went away), `engine_failed`.
@@ -33,6 +35,7 @@ was opened: services/common/grpc_server.OpenedAhead).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -48,6 +51,7 @@ from services.common.prompt_embeds import given_inputs
 from services.decode.decode_chunks import CallPhases, decode_chunks
 from services.decode.leases import LeaseTable
 from services.decode.output_batches import OutputBatches
+from services.decode.reserve_queue import ReserveQueue
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
 
@@ -71,6 +75,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.metrics = ServiceMetrics("decode")  # until `attach` gives the service's
         self._streaming: dict[str, CallPhases] = {}  # request id -> its Decode or GenerateLocally call, while it runs
         self.opened_ahead = OpenedAhead("the decode worker")  # DecodePreopened's calls
+        self.reserves = ReserveQueue()  # Reserve calls waiting for pages
 
     def attach(self, engine_loop: EngineLoop, layout: PageLayout, metrics: ServiceMetrics, *, shm_name: str = "",
                cuda_ipc_handle: bytes = b"") -> None:
@@ -86,6 +91,9 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         if shm_name:
             self.transports.insert(0, common_pb2.KV_TRANSPORT_SHARED_MEMORY)
         self.metrics = metrics
+        metrics.gauge("baton_kv_reserves_waiting", "Reserve calls waiting for pages to free (their wait_ms), "
+                      "first come first served").labels(**metrics.labels).set_function(
+            lambda: self.reserves.num_waiting)
         self.leases = LeaseTable(self.lease_ms / 1000, self._on_lease_expired)
 
     def close(self) -> None:
@@ -117,7 +125,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         if request.num_tokens < 1:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, "num_tokens must be >= 1")
         try:
-            block_ids = await engine_loop.reserve(request.request_id, request.num_tokens)
+            block_ids = await self.reserves.reserve(lambda: self._reserve_now(engine_loop, request),
+                                                    request.wait_ms / 1000)
         except ValueError as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except EngineDeadError:  # before the RuntimeError it is: a dead engine is not out of pages
@@ -131,6 +140,20 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             transports=self.transports,
             host_id=self.host_id,
         )
+
+    @staticmethod
+    async def _reserve_now(engine_loop: EngineLoop, request: decode_pb2.ReserveRequest) -> list[int]:
+        """The pages, if the engine has them free now. A call cancelled meanwhile (its caller went away
+        or its deadline passed) has whatever the engine still reserves for it given back."""
+        reserving = asyncio.ensure_future(engine_loop.reserve(request.request_id, request.num_tokens))
+        try:
+            return await asyncio.shield(reserving)
+        except asyncio.CancelledError:
+            def give_back(done: asyncio.Future) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    asyncio.ensure_future(engine_loop.release_reservation(request.request_id))
+            reserving.add_done_callback(give_back)
+            raise
 
     async def DecodePreopened(self, request_iterator, context):
         """Decode for the call's first message, whenever it comes."""

@@ -7,6 +7,7 @@ carry the service's name (`BATON_PREFILL_PORT`).
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ from services.common.settings import (
     check_registry,
     check_scheduling_policy,
     check_tensor_parallel_size,
+    env_float,
     env_int,
     hf_overrides,
     model_arg,
@@ -71,6 +73,7 @@ from services.common.settings import (
 )
 from services.common.speculative_flag import speculative_config
 from services.common.tokenizer_dir_flag import add_tokenizer_dir_flag, tokenizer_dir
+from services.prefill.decode_reservations import DEFAULT_WAIT_S as DEFAULT_RESERVE_WAIT_S
 
 ENV_HOST = "BATON_PREFILL_HOST"
 ENV_PORT = "BATON_PREFILL_PORT"
@@ -92,6 +95,7 @@ ENV_PREFIX_CACHING = "BATON_PREFILL_PREFIX_CACHING"
 ENV_KVSTORE = "BATON_PREFILL_KVSTORE"
 ENV_METRICS_PORT = "BATON_PREFILL_METRICS_PORT"
 ENV_SPECULATIVE_CONFIG = "BATON_PREFILL_SPECULATIVE_CONFIG"
+ENV_KV_RESERVE_WAIT_S = "BATON_PREFILL_KV_RESERVE_WAIT_S"
 
 DEFAULT_KV_BLOCKS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # the token budget of one step: longer prompts are chunked
@@ -138,6 +142,9 @@ class PrefillServiceConfig:
     hf_overrides: dict[str, Any] | None = None  # config.json keys replaced (vLLM's --hf-overrides)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     kv_checksum: bool = True  # CRC-32 on every page chunk sent over GRPC_STREAM
+    # How long a prompt waits for its decode worker to free pages, queued there, when too few are free
+    # (then RESOURCE_EXHAUSTED: the client's 429); 0: refused at once.
+    kv_reserve_wait_s: float = DEFAULT_RESERVE_WAIT_S
     # A long prompt's pages sent by GRPC_STREAM as its chunks compute: on, off, or auto (on where the
     # engine is on a GPU: on a CPU the sending takes the cores the prompt computes on).
     early_kv_transfer: str = "auto"
@@ -174,6 +181,8 @@ class PrefillServiceConfig:
         if self.early_kv_transfer not in EARLY_KV_TRANSFER:
             raise ConfigError(f"--early-kv-transfer must be one of {', '.join(EARLY_KV_TRANSFER)}, "
                               f"got {self.early_kv_transfer!r}")
+        if not (math.isfinite(self.kv_reserve_wait_s) and self.kv_reserve_wait_s >= 0):
+            raise ConfigError(f"--kv-reserve-wait-s must be a number of seconds >= 0, got {self.kv_reserve_wait_s}")
         check_positive("--max-num-batched-tokens", self.max_num_batched_tokens)
         check_positive("--max-num-seqs", self.max_num_seqs)
         check_tensor_parallel_size(self.tensor_parallel_size)
@@ -210,6 +219,10 @@ class PrefillServiceConfig:
         parser.add_argument("--no-kv-checksum", dest="kv_checksum", action="store_false",
                             default=env.get(ENV_KV_CHECKSUM, "1") != "0",
                             help=f"send GRPC_STREAM page chunks without a CRC-32 (${ENV_KV_CHECKSUM}=0)")
+        parser.add_argument("--kv-reserve-wait-s", type=float, metavar="S",
+                            default=env_float(env, ENV_KV_RESERVE_WAIT_S, DEFAULT_RESERVE_WAIT_S),
+                            help="how long a prompt waits, queued on its decode worker, for pages to free when too "
+                                 f"few are (then a 429); 0: refused at once (default {DEFAULT_RESERVE_WAIT_S:g})")
         parser.add_argument("--early-kv-transfer", choices=EARLY_KV_TRANSFER,
                             default=env.get(ENV_EARLY_KV_TRANSFER) or "auto",
                             help=f"send a long prompt's pages by GRPC_STREAM chunk by chunk as it computes (on), "
@@ -272,6 +285,7 @@ class PrefillServiceConfig:
                    max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
                    max_message_bytes=args.max_message_bytes, grace_s=args.shutdown_grace_s,
                    redis_url=args.redis, instance_id=args.instance_id, kv_checksum=args.kv_checksum,
+                   kv_reserve_wait_s=args.kv_reserve_wait_s,
                    early_kv_transfer=args.early_kv_transfer,
                    speculative=speculative_config(args.speculative_config,
                                                   f"--speculative-config (or ${ENV_SPECULATIVE_CONFIG})"),

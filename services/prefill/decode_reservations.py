@@ -1,9 +1,12 @@
 """Reserving pages on decode workers from prefill, for targets that name no reservation.
 
 The Reserve call is made once the prompt's first token is out, so its round trip
-costs the first token nothing (the page write waits for it instead). A reservation
-that is not handed on (the call failed or was cancelled) is aborted again once its
-Reserve has answered, so it never waits out its lease.
+costs the first token nothing (the page write waits for it instead). Where the decode
+worker has too few pages free, the call waits there up to `wait_s` for running requests
+to free theirs (services/decode/reserve_queue.py), as a request waits in vLLM's queue;
+the prompt's pages here are held meanwhile. A reservation
+that is not handed on (the call failed or was cancelled) has its Reserve cancelled, and
+is aborted once that has ended, so it never waits out its lease.
 """
 from __future__ import annotations
 
@@ -14,14 +17,16 @@ import grpc
 from protos import decode_pb2, decode_pb2_grpc
 from services.common.channel import make_channel
 
-RESERVE_TIMEOUT_S = 10.0
+DEFAULT_WAIT_S = 30.0  # a Reserve's most wait for pages (--kv-reserve-wait-s)
+RESERVE_TIMEOUT_S = 10.0  # the call's own, beyond its wait
 ABORT_TIMEOUT_S = 5.0
 
 
 class DecodeReservations:
     """Channels to decode workers, one per address, kept for the service's life."""
 
-    def __init__(self, max_message_bytes: int | None = None) -> None:
+    def __init__(self, wait_s: float = DEFAULT_WAIT_S, max_message_bytes: int | None = None) -> None:
+        self.wait_s = wait_s
         self.max_message_bytes = max_message_bytes
         self._stubs: dict[str, tuple[grpc.aio.Channel, decode_pb2_grpc.DecodeStub]] = {}
         self._aborts: set[asyncio.Future] = set()
@@ -36,12 +41,15 @@ class DecodeReservations:
     def reserve(self, address: str, request_id: str, num_tokens: int) -> asyncio.Future:
         """The Reserve call, started now; await it for the `decode_pb2.Reservation`."""
         return asyncio.ensure_future(self._stub(address).Reserve(
-            decode_pb2.ReserveRequest(request_id=request_id, num_tokens=num_tokens), timeout=RESERVE_TIMEOUT_S))
+            decode_pb2.ReserveRequest(request_id=request_id, num_tokens=num_tokens, wait_ms=round(self.wait_s * 1000)),
+            timeout=self.wait_s + RESERVE_TIMEOUT_S))
 
     def abort_after(self, reservation: asyncio.Future, address: str, request_id: str) -> None:
-        """Abort `request_id` on the decode worker once its Reserve has answered. Not
-        sooner, and the Reserve is not cancelled: one cancelled in flight may still land
-        after an Abort that found nothing, and hold its pages until the lease expires."""
+        """Abort `request_id` on the decode worker once its Reserve has ended, cancelled first where it
+        still waits for pages: it would hold its place in the queue there, and then the pages, for nothing.
+        The decode worker gives back what a Reserve cancelled mid-way had been granted (its servicer's
+        `_reserve_now`); the Abort, not sent sooner, frees what one that answered meanwhile holds."""
+        reservation.cancel()  # nothing to one that has answered
         def abort(_=None) -> None:
             if not reservation.cancelled():
                 reservation.exception()  # retrieved: the Prefill call reported it, or nobody waits

@@ -108,7 +108,8 @@ class PrefillService:
 
     def __init__(self, config: PrefillServiceConfig):
         self.config = config
-        self.servicer = PrefillServicer(kv_checksum=config.kv_checksum, early_kv_transfer=config.sends_pages_early)
+        self.servicer = PrefillServicer(kv_checksum=config.kv_checksum, early_kv_transfer=config.sends_pages_early,
+                                        reserve_wait_s=config.kv_reserve_wait_s)
         self.port = 0  # the bound one, set by the entry point before `start`
         self.lora = LoRAAdaptersServicer(config.allow_runtime_lora_updating)
         self.embed = EmbeddingsServicer(config.max_message_bytes)

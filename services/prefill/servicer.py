@@ -5,11 +5,12 @@ with none named the fastest that reaches it: kv_writer.py), run the prompt as a
 prefill-only request (the engine chunks it and batches it with others), then write
 its held pages into the target and release them. A target with only a decode
 address gets its pages reserved here, by a Reserve call made once the first token is
-out (decode_reservations.py); the handoff names the reservation for Decode.
+out (decode_reservations.py), which waits there, up to --kv-reserve-wait-s, for pages to free when
+too few are; the handoff names the reservation for Decode.
 PrefillStream sends the first token before reserving and writing the pages (the
 gateway's first token then waits on neither) and the handoff after; Prefill answers
-once, with both. A decode worker that cannot take the pages (RESOURCE_EXHAUSTED)
-therefore ends a PrefillStream after its first token. The pages are released on
+once, with both. A decode worker that cannot take the pages (RESOURCE_EXHAUSTED, by the end of
+that wait) therefore ends a PrefillStream after its first token. The pages are released on
 every path: success, a failed write, an error and client cancellation (which also
 aborts a prompt still computing). PrefillPreopened is PrefillStream on a call the
 gateway opened ahead of its request, which is the call's first message; it sends its
@@ -80,7 +81,7 @@ from services.prefill.converters import (
     sampling_params_from_proto,
     transport_to_proto,
 )
-from services.prefill.decode_reservations import DecodeReservations
+from services.prefill.decode_reservations import DEFAULT_WAIT_S as DEFAULT_RESERVE_WAIT_S, DecodeReservations
 from services.prefill.early_pages import EarlyPages, EarlySending
 from services.prefill.first_token_timings import first_token_timings
 from services.prefill.held_pages import release_after
@@ -96,14 +97,15 @@ ENGINE_DEAD = "the prefill engine failed; the worker is stopping"
 class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     """`attach` is called once the engine is loaded; until then every call is UNAVAILABLE."""
 
-    def __init__(self, kv_checksum: bool = True, early_kv_transfer: bool = True) -> None:
+    def __init__(self, kv_checksum: bool = True, early_kv_transfer: bool = True,
+                 reserve_wait_s: float = DEFAULT_RESERVE_WAIT_S) -> None:
         self.kv_checksum = kv_checksum  # on GRPC_STREAM page chunks
         self.early_kv_transfer = early_kv_transfer  # a long prompt's pages sent as it computes
         self._early: EarlySending | None = None
         self.engine_loop: EngineLoop | None = None
         self.layout: PageLayout | None = None
         self._writer: KVWriter | None = None
-        self._reservations = DecodeReservations()
+        self._reservations = DecodeReservations(reserve_wait_s)  # waiting up to reserve_wait_s for pages there
         self._host_tier: PrefillHostTier | None = None
         self.opened_ahead = OpenedAhead("the prefill worker")  # PrefillPreopened's calls
         self.metrics = ServiceMetrics("prefill")  # until `attach` gives the service's

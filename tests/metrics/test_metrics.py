@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protos import decode_pb2, decode_pb2_grpc, tokenizer_pb2, tokenizer_pb2_grpc
 from tests.services.gateway.mesh import DECODE_KV_BLOCKS, WHOLE_POOL_TOKENS, start_mesh, stop_mesh
-from tests.services.service_process import ServiceProcess
+from tests.services.service_process import metrics_address
 
 Samples = dict[tuple[str, frozenset], float]  # (sample name, its labels) -> value
 
@@ -34,14 +34,6 @@ def mesh(tiny_demo_model):
 def client(mesh):
     with openai.OpenAI(base_url=f"{mesh.gateway.base_url}/v1", api_key="unused", max_retries=0) as client:
         yield client
-
-
-def metrics_address(svc: ServiceProcess) -> str:
-    """The `NAME metrics on HOST:PORT` line, which follows the listening line."""
-    line = svc.proc.stdout.readline()
-    prefix = f"{svc.name} metrics on "
-    assert line.startswith(prefix), line
-    return line.removeprefix(prefix).strip()
 
 
 @pytest.fixture(scope="module")

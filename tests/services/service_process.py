@@ -94,6 +94,14 @@ def read_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 30,
     return lines[0].removeprefix(prefix).strip()
 
 
+def metrics_address(svc: ServiceProcess) -> str:
+    """The `NAME metrics on HOST:PORT` line, which follows the listening line (read it once)."""
+    line = svc.proc.stdout.readline()
+    prefix = f"{svc.name} metrics on "
+    assert line.startswith(prefix), line
+    return line.removeprefix(prefix).strip()
+
+
 def wait_all_serving(services: list[ServiceProcess]) -> None:
     """Wait for services started without `wait` (loading and warming up at once) until each serves;
     if one does not, every one of them is stopped."""

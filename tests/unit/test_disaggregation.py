@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.admission import NoRoomYet
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -172,8 +173,12 @@ def test_reservations_are_released_and_refused_cleanly(tiny_demo_model):
     engine.block_manager.check_integrity()
     with pytest.raises(ValueError, match="already holds blocks"):
         engine.reserve("a", 10)
-    with pytest.raises(RuntimeError, match="no room"):
+    with pytest.raises(NoRoomYet, match="no room for 126 KV blocks now"):  # 125 free: once more are, it fits
         engine.reserve("huge", 126 * 16)
+    small = LLMEngine(EngineConfig(model=str(tiny_demo_model), num_kv_blocks=64, max_num_batched_tokens=64))
+    with pytest.raises(RuntimeError, match="in a pool of 64") as never:  # within the context, past the pool
+        small.reserve("huger", 65 * 16)
+    assert not isinstance(never.value, NoRoomYet)
     with pytest.raises(ValueError, match="no reservation"):
         engine.add_prefilled_request("never-reserved", [5, 6], 7, PARAMS["greedy"])
     assert engine.release_reservation("a") and not engine.release_reservation("a")

@@ -215,6 +215,54 @@ def test_four_concurrent_streams(service, prefill_engine, colocated):
     assert_whole_pool_free(service, within_s=1)
 
 
+def reserve_waiting(service: Service, request_id: str, num_tokens: int, wait_ms: int) -> grpc.Future:
+    return service.stub.Reserve.future(decode_pb2.ReserveRequest(request_id=request_id, num_tokens=num_tokens,
+                                                                 wait_ms=wait_ms), timeout=wait_ms / 1000 + 10)
+
+
+def test_reserves_that_may_wait_are_granted_in_turn_as_pages_free(service):
+    service.stub.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+    whole = reserve_waiting(service, "wait-whole", WHOLE_POOL_TOKENS, 20_000)
+    time.sleep(0.3)  # queued first
+    smalls = [reserve_waiting(service, f"wait-small-{i}", 16, 20_000) for i in range(4)]
+    time.sleep(0.3)
+    assert not any(call.done() for call in [whole, *smalls])
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
+    # The whole pool's worth goes first: the small ones, though each fits any free page, wait their turn.
+    assert len(whole.result(timeout=5).block_ids) == NUM_KV_BLOCKS
+    time.sleep(0.3)
+    assert not any(call.done() for call in smalls)
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="wait-whole"), timeout=5).found
+    assert [len(call.result(timeout=5).block_ids) for call in smalls] == [1] * 4
+    for i in range(4):
+        assert service.stub.Abort(decode_pb2.AbortRequest(request_id=f"wait-small-{i}"), timeout=5).found
+    assert_whole_pool_free(service, within_s=1)
+
+
+def test_a_reserve_whose_wait_runs_out_is_resource_exhausted(service):
+    service.stub.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+    try:
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as refused:
+            reserve_waiting(service, "too-late", 16, 400).result()
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+        assert 0.4 <= time.monotonic() - start < 3
+    finally:
+        service.stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5)
+    assert_whole_pool_free(service, within_s=1)
+
+
+def test_a_waiting_reserve_whose_caller_goes_away_takes_no_pages(service):
+    service.stub.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+    gone = reserve_waiting(service, "gone", WHOLE_POOL_TOKENS, 20_000)
+    time.sleep(0.3)
+    assert gone.cancel()
+    time.sleep(0.3)  # the cancellation reaches the server
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
+    # Had it stayed queued, it would hold the whole pool now, until its lease ran out (1.5 s).
+    assert_whole_pool_free(service, within_s=0.5)
+
+
 def test_unclaimed_reservation_is_released_after_its_lease(service, prefill_engine):
     reservation = service.stub.Reserve(decode_pb2.ReserveRequest(request_id="lease", num_tokens=WHOLE_POOL_TOKENS),
                                        timeout=5)

@@ -16,8 +16,10 @@ def profiler_dir(tmp_path_factory):
 def mesh(tiny_demo_model, profiler_dir):
     """One mesh (a tokenizer, 2 prefill, 2 decode, the gateway) for the gateway's end-to-end tests."""
     # Every prompt through a prefill worker and a KV transfer: the path these tests are about.
+    # A prompt finding no free pages on its decode worker is refused at once (429) rather than wait for them
+    # (test_reserve_wait.py's mesh waits): these tests fill the pools on purpose.
     mesh = start_mesh(tiny_demo_model, num_prefill=2, num_decode=2, gateway_args=("--local-prefill-max-tokens", "0"),
-                      worker_args=("--profiler-dir", str(profiler_dir)))
+                      worker_args=("--profiler-dir", str(profiler_dir)), prefill_args=("--kv-reserve-wait-s", "0"))
     try:
         yield mesh
     finally:

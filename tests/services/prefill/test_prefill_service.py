@@ -48,9 +48,10 @@ def decode(tiny_demo_model):
 
 @pytest.fixture(scope="module")
 def prefill(tiny_demo_model):
-    # A small step budget, so every prompt over 64 tokens is chunked.
+    # A small step budget, so every prompt over 64 tokens is chunked; a prompt finding the decode pool full
+    # waits half a second for pages before it is refused (the tests that fill it).
     svc = Service("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", str(PREFILL_KV_BLOCKS),
-                  "--max-num-batched-tokens", "64", "--max-num-seqs", "8")
+                  "--max-num-batched-tokens", "64", "--max-num-seqs", "8", "--kv-reserve-wait-s", "0.5")
     svc.stub = prefill_pb2_grpc.PrefillStub(svc.channel)
     yield svc
     assert svc.terminate() == 0
@@ -332,6 +333,18 @@ def test_prefill_that_cannot_reserve_is_resource_exhausted_and_holds_nothing(dec
     with pytest.raises(grpc.RpcError) as e:
         do_prefill(prefill, "nowhere", PROMPT, GREEDY, prefill_pb2.KVTarget())
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_wait_for_decode_pages_is_a_flag_or_variable_of_seconds_at_least_0(tiny_demo_model):
+    from services.prefill.config import ConfigError, PrefillServiceConfig
+
+    model = ["--model", str(tiny_demo_model)]
+    assert PrefillServiceConfig.from_args(model, {}).kv_reserve_wait_s == 30.0
+    assert PrefillServiceConfig.from_args([*model, "--kv-reserve-wait-s", "0"], {}).kv_reserve_wait_s == 0.0
+    assert PrefillServiceConfig.from_args(model, {"BATON_PREFILL_KV_RESERVE_WAIT_S": "2.5"}).kv_reserve_wait_s == 2.5
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ConfigError, match="--kv-reserve-wait-s must be a number of seconds >= 0"):
+            PrefillServiceConfig.from_args([*model, "--kv-reserve-wait-s", bad], {})
 
 
 def test_a_prefill_stream_that_cannot_reserve_ends_after_its_first_token(decode, prefill):
