@@ -60,7 +60,6 @@ class Deadlines:
     """Seconds each call may take before it fails with DEADLINE_EXCEEDED."""
 
     tokenizer_s: float = 10.0
-    reserve_s: float = 10.0
     prefill_s: float = 120.0
     decode_s: float = 3600.0  # the whole stream
     abort_s: float = 5.0
