@@ -7,7 +7,8 @@ Runs through services/common/entrypoint.py: binds the public gRPC API and prints
 model's tokenizer (to detokenize), connects to every worker and watches their
 health; gRPC health turns SERVING, and HTTP `/health` 200, once the tokenizer and at
 least one prefill (none with --colocated) and one decode worker serve. SIGTERM or
-SIGINT: both APIs stop taking requests, in-flight ones get a grace period, exit code 0.
+SIGINT: both APIs stop taking requests at once, in-flight ones get the grace period (--shutdown-grace-s),
+those still running just before its end are aborted (finish_reason "abort"), exit code 0.
 """
 from __future__ import annotations
 
@@ -71,6 +72,9 @@ from services.tokenizer.image_tokens import QWEN_VIDEOS, TIMED_VIDEOS
 from services.tokenizer.model_tokenizer import ModelTokenizer
 
 log = logging.getLogger("baton.gateway")
+# Requests still running this long before the end of the shutdown grace are aborted, to end before the
+# servers cut them.
+ABORT_BEFORE_S = 0.5
 
 # The workers' service names, for their health; from the protos, so the gateway does not
 # import the workers' code (and the engine behind it).
@@ -109,6 +113,9 @@ class GatewayService:
         self.registry_redis = None  # with --discover-workers: the client its followers ask the registry with
         self.responses = make_response_store(config)
         self.state: GatewayState | None = None  # the HTTP API's, once started
+        self.draining: asyncio.Task | None = None  # both APIs' stop, from the signal on (`_drain_on`)
+        self._aborting: asyncio.TimerHandle | None = None
+        self.stop: asyncio.Event | None = None  # the entry point's, once started
 
     def readiness(self) -> str | None:
         missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0]
@@ -218,6 +225,8 @@ class GatewayService:
             self.state.idle_sleep.start()
         port = self.http.start(app, config.host, config.http_port, config.http_serving, config.grace_s)
         print(f"gateway {config.http_serving.scheme} listening on {config.host}:{port}", flush=True)
+        self.stop = stop
+        self.draining = asyncio.ensure_future(self._drain_on(stop))
 
         while self.readiness() is not None:
             if stop.is_set():
@@ -281,7 +290,27 @@ class GatewayService:
             if is_registered or needs_resolving(names[kind]):
                 self.followers.append(asyncio.ensure_future(follow(pool, sources, config.resolve_workers_s)))
 
+    async def _drain_on(self, stop: asyncio.Event) -> None:
+        """From the signal on, the HTTP API takes no request, as the gRPC one (the entry point stops it
+        meanwhile); both give those in flight the grace, and the ones still running ABORT_BEFORE_S before
+        its end are aborted: they end as vLLM's do (finish_reason "abort", a stream's last chunk and
+        [DONE], their usage), not cut by the servers (a 500, a stream broken off, a CANCELLED call)."""
+        await stop.wait()
+        self._aborting = asyncio.get_running_loop().call_later(max(0.0, self.config.grace_s - ABORT_BEFORE_S),
+                                                               self._abort_running)
+        await self.http.stop()
+
+    def _abort_running(self) -> None:
+        if self.pipeline is not None and (aborted := self.pipeline.running.abort_all()):
+            log.warning("aborting %d requests still running at the end of the shutdown grace", len(aborted))
+
     async def close(self) -> None:
+        if self.draining is not None:
+            if not self.draining.done() and not self.stop.is_set():  # a start that failed: no signal is coming
+                self.draining.cancel()
+            await asyncio.gather(self.draining, return_exceptions=True)
+        if self._aborting is not None:
+            self._aborting.cancel()
         for follower in self.followers:
             follower.cancel()
         await asyncio.gather(*self.followers, return_exceptions=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import socket
 
 import uvicorn
@@ -52,7 +53,7 @@ class HttpListener:
         except OSError as e:
             raise StartError(f"cannot bind HTTP to {host}:{port}: {e}") from e
         self._server = _EmbeddedServer(uvicorn.Config(app, lifespan="off",
-                                                      timeout_graceful_shutdown=max(1, int(grace_s)),
+                                                      timeout_graceful_shutdown=max(1, math.ceil(grace_s)),
                                                       **serving.uvicorn_options()))
         # In a context of its own, not the caller's (where the `boot` span is current): OpenTelemetry's
         # ASGI middleware continues the current span, if any, instead of the caller's traceparent.
