@@ -35,6 +35,9 @@ ROLES = ("user", "system", "developer", "assistant")
 ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` that asks for them
 NULL_IS_DEFAULT = ("stream", "parallel_tool_calls", "store", "background")  # nullable in OpenAI's API
+# Chat's fields that come from the Responses API's of other names: a refusal names the one asked.
+RESPONSES_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+                   "reasoning_effort": "reasoning.effort"}
 
 
 class ResponsesRequest(BaseModel):
@@ -104,7 +107,14 @@ class ResponsesRequest(BaseModel):
             chat.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.reasoning and self.reasoning.get("effort") is not None:
             chat["reasoning_effort"] = self.reasoning["effort"]
-        return chat_request(chat)
+        try:
+            return chat_request(chat)
+        except APIError as e:
+            chats, _, rest = (e.param or "").partition(".")
+            if chats not in RESPONSES_NAMES:
+                raise
+            theirs = RESPONSES_NAMES[chats] + (f".{rest}" if rest else "")
+            raise APIError(e.status, e.message.replace(e.param, theirs, 1), param=theirs) from None
 
     def _messages(self, earlier: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []

@@ -337,6 +337,8 @@ def test_the_gateways_own_store_keeps_the_most_recent_for_their_time():
     ({"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ({"text": {"format": "json"}}, 400, "text.format"),
     ({"temperature": -1}, 400, "temperature"),
+    ({"max_output_tokens": 0}, 400, "max_output_tokens"),  # chat's max_completion_tokens, named as asked
+    ({"reasoning": {"effort": "enormous"}}, 400, "reasoning.effort"),
     ({"model": "nope"}, 404, "model"),
 ])
 def test_what_cannot_be_served_is_refused_clearly(mesh, body, status, param):
