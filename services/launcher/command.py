@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from pathlib import Path
 
 from engine.config import DTYPES
@@ -154,10 +155,28 @@ def run_up(args: argparse.Namespace, model_dir: Path) -> int:
                         lora_modules=tuple(args.lora_modules) if args.lora_modules else None,
                         gpu_memory_utilization=args.gpu_memory_utilization)
 
+    if config.with_gateway:
+        for flag, port in (("--port", config.http_port), ("--grpc-port", config.grpc_port)):
+            check_port_free(flag, config.host, port)
+
     async def run() -> int:
         return await Mesh(config).run()
 
     return asyncio.run(run())
+
+
+def check_port_free(flag: str, host: str, port: int) -> None:
+    """ValueError where the gateway could not bind `port` (0: any) on `host` now: said at once, not once
+    every worker has loaded and the gateway tries (it still says so itself, should another take it meanwhile).
+    Bound as the gateway binds it (SO_REUSEADDR: a port whose connections wait out TIME_WAIT is free)."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise ValueError(f"{flag} {port}: {host}:{port} cannot be bound: {e.strerror or e}") from None
 
 
 def service_args(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -573,6 +574,20 @@ def test_flags_the_launcher_sets_itself_or_cannot_split_are_refused(tiny_demo_mo
     assert done.returncode == 2, done
     assert done.stderr.startswith("baton: error: ") and done.stdout == "", done.stderr
     assert flags.partition("=")[0] in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
+def test_a_gateway_port_already_taken_is_refused_before_anything_starts(tiny_demo_model, flag):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "cli", "up", "--model", str(tiny_demo_model), flag, str(port)],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert done.stderr == f"baton: error: {flag} {port}: 127.0.0.1:{port} cannot be bound: Address already in use\n"
+    assert done.stdout == "" and time.monotonic() - start < 5  # no worker was started, to load and be stopped
 
 
 def test_a_given_redis_is_used_and_none_is_started(start_up, redis_server):
