@@ -5,7 +5,9 @@ vLLM's or SGLang's queue, rather than fail: running requests free pages as they 
 The first waiter retries every RETRY_S (a call to the engine thread between its steps, which
 is where pages are freed); the others wait behind it, in order, so a small reservation does
 not pass a large one that came first. A call that does not wait, or comes when nobody waits,
-tries at once.
+tries at once. Once the worker is told to stop, those waiting stop waiting (WorkerStopping): its
+pages would be of no use to them, and the gateway moves a request whose decode worker goes away
+(UNAVAILABLE) to another.
 """
 from __future__ import annotations
 
@@ -17,10 +19,27 @@ from engine.admission import NoRoomYet
 RETRY_S = 0.01
 
 
+class WorkerStopping(Exception):
+    """The worker is stopping: a Reserve waiting for its pages waits no more."""
+
+
 class ReserveQueue:
     def __init__(self) -> None:
         self._head = asyncio.Lock()  # held by the first waiter; asyncio's Lock wakes its waiters in order
         self.num_waiting = 0
+        self._stopped = asyncio.Event()
+        self._stopping: asyncio.Task | None = None
+
+    def end_when(self, stop: asyncio.Event) -> None:
+        """Those waiting, and those that would, get WorkerStopping once `stop` is set."""
+        async def end() -> None:
+            await stop.wait()
+            self._stopped.set()
+        self._stopping = asyncio.ensure_future(end())
+
+    def close(self) -> None:
+        if self._stopping is not None:
+            self._stopping.cancel()
 
     async def reserve(self, attempt: Callable[[], Awaitable[list[int]]], wait_s: float) -> list[int]:
         """`attempt()`'s pages, tried at once and then, while it raises NoRoomYet, again in turn for up
@@ -42,7 +61,7 @@ class ReserveQueue:
                 raise NoRoomYet(f"no room for the reservation within {wait_s:g} s, behind "
                                 f"{self.num_waiting - 1} waiting for pages") from None
             try:
-                while True:
+                while not self._stopped.is_set():  # the ones behind see it as they come to the head
                     try:
                         return await attempt()
                     except NoRoomYet:
@@ -50,6 +69,7 @@ class ReserveQueue:
                         if left_s <= 0:
                             raise
                     await asyncio.sleep(min(RETRY_S, left_s))
+                raise WorkerStopping("the decode worker is stopping")
             finally:
                 self._head.release()
         finally:

@@ -167,6 +167,7 @@ class DecodeService:
 
     async def start(self, stop: Stop) -> str | None:
         self.servicer.opened_ahead.end_idle_when(stop)
+        self.servicer.reserves.end_when(stop)
         # Loading runs to the end even when a signal comes first, so its segment is not leaked.
         thread = EngineThread()  # the engine is built on the thread that will step it
         engine, self.pool = await load_in_thread(stop, load_engine, self.config, finish_on_stop=True, thread=thread)

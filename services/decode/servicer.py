@@ -8,7 +8,8 @@ Status codes:
 - RESOURCE_EXHAUSTED: Reserve finds too few free pages, now or, for one that may wait (its wait_ms),
   by the end of its wait (reserve_queue.py); at once for more than the whole pool (retry elsewhere).
 - UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping),
-  also for a call whose engine work was still queued behind the step that failed: it never ran.
+  also for a call whose engine work was still queued behind the step that failed: it never ran; a
+  Reserve waiting for pages when the worker is told to stop.
 - INTERNAL: the engine failed in a step that was running the request.
 
 Pages are freed on finish, Abort, lease expiry and client cancellation of Decode or
@@ -51,7 +52,7 @@ from services.common.prompt_embeds import given_inputs
 from services.decode.decode_chunks import CallPhases, decode_chunks
 from services.decode.leases import LeaseTable
 from services.decode.output_batches import OutputBatches
-from services.decode.reserve_queue import ReserveQueue
+from services.decode.reserve_queue import ReserveQueue, WorkerStopping
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
 
@@ -98,6 +99,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     def close(self) -> None:
         self.opened_ahead.close()
+        self.reserves.close()
         if self.leases is not None:
             self.leases.close()
 
@@ -133,6 +135,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, ENGINE_DEAD)
         except RuntimeError as e:
             await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), "no_free_pages")
+        except WorkerStopping as e:  # the request goes to another decode worker (the gateway's DecodeMoves)
+            await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         reservation_id = self.leases.grant(request.request_id, block_ids)
         return decode_pb2.Reservation(
             reservation_id=reservation_id, block_ids=block_ids, lease_ms=self.lease_ms,

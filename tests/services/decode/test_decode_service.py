@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -261,6 +262,26 @@ def test_a_waiting_reserve_whose_caller_goes_away_takes_no_pages(service):
     assert service.stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
     # Had it stayed queued, it would hold the whole pool now, until its lease ran out (1.5 s).
     assert_whole_pool_free(service, within_s=0.5)
+
+
+def test_a_stopping_worker_sends_the_reserves_waiting_for_its_pages_elsewhere_at_once(tiny_demo_model):
+    """UNAVAILABLE, which the gateway takes for a decode worker gone (its request moves to another), at once,
+    not CANCELLED at the end of the grace."""
+    stopping = Service(tiny_demo_model, "--kv-blocks", str(NUM_KV_BLOCKS), "--shutdown-grace-s", "10")
+    try:
+        stopping.stub.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+        waiting = [reserve_waiting(stopping, f"waiting-{i}", 16, 20_000) for i in range(2)]
+        time.sleep(0.3)
+        signaled = time.monotonic()
+        stopping.proc.send_signal(signal.SIGTERM)
+        for call in waiting:
+            with pytest.raises(grpc.RpcError) as e:
+                call.result(timeout=5)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+            assert "stopping" in e.value.details()
+        assert time.monotonic() - signaled < 2
+    finally:
+        assert stopping.terminate() == 0
 
 
 def test_unclaimed_reservation_is_released_after_its_lease(service, prefill_engine):

@@ -1,11 +1,13 @@
 """A prompt whose decode worker has no free pages waits for them, queued there, as it would
 in vLLM's or SGLang's queue, rather than fail: its first token comes, then the rest once
-running requests free pages. A client that leaves meanwhile takes its place out of the queue.
+running requests free pages. A client that leaves meanwhile takes its place out of the queue;
+a decode worker told to stop sends its waiting prompts to another at once.
 (The package's shared mesh runs with --kv-reserve-wait-s 0: its tests of a full pool want
 the 429 at once.)"""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 
@@ -14,16 +16,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos import decode_pb2, decode_pb2_grpc
-from tests.services.gateway.mesh import WHOLE_POOL_TOKENS, start_mesh, stop_mesh
+from tests.services.gateway.mesh import WHOLE_POOL_TOKENS, assert_decode_pools_free, start_mesh, stop_mesh
 from tests.services.service_process import metrics_address
 
 
 @pytest.fixture(scope="module")
 def waiting_mesh(tiny_demo_model):
-    """A tokenizer, a prefill and a decode worker and the gateway, the prefill worker waiting as long as
-    it does by default for the decode worker's pages."""
-    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=1, gateway_args=("--local-prefill-max-tokens", "0"))
-    mesh.decode_metrics = f"http://{metrics_address(mesh.decode[0])}/metrics"
+    """A tokenizer, a prefill and two decode workers and the gateway, the prefill worker waiting as long
+    as it does by default for the decode workers' pages. The last test stops a decode worker."""
+    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=2, gateway_args=("--local-prefill-max-tokens", "0"))
+    mesh.decode_metrics = [f"http://{metrics_address(decode)}/metrics" for decode in mesh.decode]
     try:
         yield mesh
     finally:
@@ -31,10 +33,12 @@ def waiting_mesh(tiny_demo_model):
     assert all(code == 0 for code in codes.values()), codes
 
 
-def reserves_waiting(mesh) -> float:
-    text = httpx.get(mesh.decode_metrics, timeout=10).text
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == "baton_kv_reserves_waiting")
+def reserves_waiting(mesh, worker: int | None = None) -> float:
+    """Reserve calls waiting on decode worker `worker` (None: on any)."""
+    urls = mesh.decode_metrics if worker is None else [mesh.decode_metrics[worker]]
+    texts = [httpx.get(url, timeout=10).text for url in urls]
+    return sum(sample.value for text in texts for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == "baton_kv_reserves_waiting")
 
 
 def wait_until(condition, timeout_s: float = 10.0) -> None:
@@ -45,14 +49,16 @@ def wait_until(condition, timeout_s: float = 10.0) -> None:
 
 
 class Hog:
-    """Every page of the mesh's decode worker reserved, as running requests would hold them."""
+    """Every page of every decode worker of the mesh reserved, as running requests would hold them."""
 
     def __init__(self, mesh) -> None:
-        self.stub = decode_pb2_grpc.DecodeStub(mesh.decode[0].channel)
-        self.stub.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+        self.stubs = [decode_pb2_grpc.DecodeStub(decode.channel) for decode in mesh.decode]
+        for stub in self.stubs:
+            stub.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
 
-    def release(self) -> None:
-        self.stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5)
+    def release(self, worker: int | None = None) -> None:
+        for stub in self.stubs if worker is None else [self.stubs[worker]]:
+            stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5)
 
 
 def completion(mesh, stream: bool) -> dict:
@@ -105,3 +111,28 @@ def test_a_client_that_leaves_while_its_prompt_waits_for_pages_leaves_the_queue(
     finally:
         hog.release()
     mesh.assert_decode_pools_free(within_s=0.5)  # the pages went to nobody
+
+
+def test_a_decode_worker_told_to_stop_sends_the_prompts_waiting_for_its_pages_to_another(waiting_mesh):
+    mesh = waiting_mesh
+    hog = Hog(mesh)
+    answer: dict = {}
+    try:
+        asking = threading.Thread(target=lambda: answer.update(response=httpx.post(
+            f"{mesh.gateway.base_url}/v1/completions", json=completion(mesh, stream=False), timeout=60)))
+        asking.start()
+        wait_until(lambda: reserves_waiting(mesh) == 1)
+        stopped = 0 if reserves_waiting(mesh, 0) == 1 else 1
+        hog.release(1 - stopped)  # room on the other
+        signaled = time.monotonic()
+        mesh.decode[stopped].proc.send_signal(signal.SIGTERM)  # its grace (5 s) would hold the prompt
+        asking.join(30)
+        answered_s = time.monotonic() - signaled
+    finally:
+        hog.release(1 - stopped)
+    response = answer["response"]
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+    assert answered_s < 2.0
+    assert mesh.decode[stopped].proc.wait(timeout=30) == 0
+    assert_decode_pools_free([mesh.decode[1 - stopped]])
