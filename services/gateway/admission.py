@@ -41,7 +41,7 @@ class Admission:
         try:
             await waiting
         except asyncio.CancelledError:
-            if not running.was_aborted_before_its_first_token():
+            if not running.was_aborted_while_waiting():
                 raise
         finally:
             running.is_held = False

@@ -279,7 +279,7 @@ class RequestPipeline(Admission):
                     raise RuntimeError(f"decode worker {decode_worker.address} ended the stream of {request_id!r} "
                                        "without a finish reason")
                 except asyncio.CancelledError:
-                    if not running.was_aborted_before_its_first_token():
+                    if not running.was_aborted_while_waiting():
                         raise
                     # Its end is handed out as any other: the Abort `streams_from` then sends the decode
                     # worker frees whatever a prefill worker cancelled mid-handoff had reserved there.

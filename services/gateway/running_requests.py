@@ -4,7 +4,9 @@ on the decode worker its tokens stream from, whose stream then ends with finish_
 the text so far, whatever API asked for it. One whose prompt is still being prefilled has the call
 computing its first token cancelled, which stops that worker's work on it (as a client going away
 does), and ends with finish_reason "abort" and no text at once, not after its prefill (seconds, for a
-long prompt); one no worker has heard of yet (being tokenized or routed) ends so before it reaches one.
+long prompt); so does one whose first token is out but whose KV is still being handed to its decode
+worker (which has nothing of it yet to abort), with that token; one no worker has heard of yet (being
+tokenized or routed) ends so before it reaches one.
 SGLang's `/abort_request` ends one by its id (the `x-request-id` of an OpenAI request, an SGLang
 `rid`), or its samples `{id}-{n}`, also while it waits at the gateway's pause; aborting them all
 leaves those waiting, as SGLang's does (a pause in abort mode ends what runs, and holds what comes)."""
@@ -34,16 +36,17 @@ class RunningRequest:
         self._awaited: grpc.aio.Call | asyncio.Future | None = None
 
     def waits_on(self, awaited: grpc.aio.Call | asyncio.Future) -> None:
-        """It waits on `awaited` now, which `abort` cancels: the call computing its first token (a prefill
-        worker's, or its decode worker's own prefill), or the end of the gateway's pause."""
+        """It waits on `awaited` now, which `abort` cancels: the call computing its first token and then
+        handing its KV over (a prefill worker's, or its decode worker's own prefill), or the end of the
+        gateway's pause."""
         self._awaited = awaited
         if self.is_aborted:
             awaited.cancel()
 
     def streams_from(self, worker: Worker, request_id: str) -> None:
-        """Its stream has begun on `worker` as `request_id` (again, when it moved to another worker)."""
+        """Its stream has begun on `worker` as `request_id` (again, when it moved to another worker). What
+        it waited on stays: a prefill worker's call goes on handing the KV over after the first token."""
         self.worker, self.request_id = worker, request_id
-        self._awaited = None
         if self.is_aborted:
             self._abort_on(worker, request_id)
 
@@ -52,14 +55,16 @@ class RunningRequest:
             self.is_aborted = True
             if self.worker is not None:
                 self._abort_on(self.worker, self.request_id)
-            elif self._awaited is not None:
+            # A prefill worker's call still handing the KV over is cancelled too: the decode worker, which
+            # has nothing of the request yet, would not know the Abort (its reader then ends it "abort").
+            if self._awaited is not None:
                 self._awaited.cancel()
 
-    def was_aborted_before_its_first_token(self) -> bool:
+    def was_aborted_while_waiting(self) -> bool:
         """Whether the request's task, not cancelled itself, had what it waited on cancelled by `abort`
         (its reader then gets asyncio.CancelledError)."""
         task = asyncio.current_task()
-        return self.is_aborted and self.worker is None and not (task is not None and task.cancelling())
+        return self.is_aborted and not (task is not None and task.cancelling())
 
 
 class RunningRequests:

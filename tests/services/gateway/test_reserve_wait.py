@@ -113,6 +113,30 @@ def test_a_client_that_leaves_while_its_prompt_waits_for_pages_leaves_the_queue(
     mesh.assert_decode_pools_free(within_s=0.5)  # the pages went to nobody
 
 
+def test_a_request_cancelled_while_its_kv_is_handed_over_ends_aborted_at_once(waiting_mesh):
+    """Its first token out, its prompt waiting for pages: the decode worker has nothing of it to abort, so
+    the cancel stops the handoff (it was lost, and the request ran on once pages came)."""
+    mesh = waiting_mesh
+    hog = Hog(mesh)
+    try:
+        with httpx.stream("POST", f"{mesh.gateway.base_url}/v1/completions", json=completion(mesh, stream=True),
+                          headers={"x-request-id": "handed-over"}, timeout=10) as response:
+            lines = (line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: "))
+            first = json.loads(next(lines))
+            wait_until(lambda: reserves_waiting(mesh) == 1)
+            cancelled = httpx.post(f"{mesh.gateway.base_url}/v1/requests/handed-over/cancel", timeout=10)
+            assert cancelled.status_code == 200, cancelled.text
+            rest = list(lines)  # at once: the pages it waits for never come in this test
+        wait_until(lambda: reserves_waiting(mesh) == 0, timeout_s=1.0)
+    finally:
+        hog.release()
+    assert rest[-1] == "[DONE]"
+    chunks = [first, *map(json.loads, rest[:-1])]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "abort"
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == first["choices"][0]["text"]
+    mesh.assert_decode_pools_free()
+
+
 def test_a_decode_worker_told_to_stop_sends_the_prompts_waiting_for_its_pages_to_another(waiting_mesh):
     mesh = waiting_mesh
     hog = Hog(mesh)
