@@ -115,7 +115,6 @@ class GatewayService:
         self.state: GatewayState | None = None  # the HTTP API's, once started
         self.draining: asyncio.Task | None = None  # both APIs' stop, from the signal on (`_drain_on`)
         self._aborting: asyncio.TimerHandle | None = None
-        self.stop: asyncio.Event | None = None  # the entry point's, once started
 
     def readiness(self) -> str | None:
         missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0]
@@ -225,7 +224,6 @@ class GatewayService:
             self.state.idle_sleep.start()
         port = self.http.start(app, config.host, config.http_port, config.http_serving, config.grace_s)
         print(f"gateway {config.http_serving.scheme} listening on {config.host}:{port}", flush=True)
-        self.stop = stop
         self.draining = asyncio.ensure_future(self._drain_on(stop))
 
         while self.readiness() is not None:
@@ -305,18 +303,17 @@ class GatewayService:
             log.warning("aborting %d requests still running at the end of the shutdown grace", len(aborted))
 
     async def close(self) -> None:
-        if self.draining is not None:
-            if not self.draining.done() and not self.stop.is_set():  # a start that failed: no signal is coming
-                self.draining.cancel()
-            await asyncio.gather(self.draining, return_exceptions=True)
-        if self._aborting is not None:
-            self._aborting.cancel()
         for follower in self.followers:
             follower.cancel()
         await asyncio.gather(*self.followers, return_exceptions=True)
         if self.registry_redis is not None:
             await self.registry_redis.aclose()
-        await self.http.stop()
+        await self.http.stop()  # the drain's, under way since the signal (now, after a start that failed)
+        if self.draining is not None:
+            self.draining.cancel()  # done with it, or waiting for a signal that is not coming
+            await asyncio.gather(self.draining, return_exceptions=True)
+        if self._aborting is not None:
+            self._aborting.cancel()
         if self.state is not None:
             await self.state.background.close()
             await self.state.batches.close()

@@ -73,7 +73,6 @@ from services.common.settings import (
 )
 from services.common.speculative_flag import speculative_config
 from services.common.tokenizer_dir_flag import add_tokenizer_dir_flag, tokenizer_dir
-from services.prefill.decode_reservations import DEFAULT_WAIT_S as DEFAULT_RESERVE_WAIT_S
 
 ENV_HOST = "BATON_PREFILL_HOST"
 ENV_PORT = "BATON_PREFILL_PORT"
@@ -100,6 +99,7 @@ ENV_KV_RESERVE_WAIT_S = "BATON_PREFILL_KV_RESERVE_WAIT_S"
 DEFAULT_KV_BLOCKS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # the token budget of one step: longer prompts are chunked
 DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_RESERVE_WAIT_S = 30.0  # a prompt's most wait for its decode worker's pages (--kv-reserve-wait-s)
 
 
 @dataclass(frozen=True)

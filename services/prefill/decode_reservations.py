@@ -17,15 +17,15 @@ import grpc
 from protos import decode_pb2, decode_pb2_grpc
 from services.common.channel import make_channel
 
-DEFAULT_WAIT_S = 30.0  # a Reserve's most wait for pages (--kv-reserve-wait-s)
 RESERVE_TIMEOUT_S = 10.0  # the call's own, beyond its wait
 ABORT_TIMEOUT_S = 5.0
 
 
 class DecodeReservations:
-    """Channels to decode workers, one per address, kept for the service's life."""
+    """Channels to decode workers, one per address, kept for the service's life; a Reserve waits up to
+    `wait_s` there for pages (--kv-reserve-wait-s)."""
 
-    def __init__(self, wait_s: float = DEFAULT_WAIT_S, max_message_bytes: int | None = None) -> None:
+    def __init__(self, wait_s: float, max_message_bytes: int | None = None) -> None:
         self.wait_s = wait_s
         self.max_message_bytes = max_message_bytes
         self._stubs: dict[str, tuple[grpc.aio.Channel, decode_pb2_grpc.DecodeStub]] = {}

@@ -75,13 +75,14 @@ from services.common.prompt_embeds import given_inputs
 from services.common.request_outputs import RequestRefusedError
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
+from services.prefill.config import DEFAULT_RESERVE_WAIT_S
 from services.prefill.converters import (
     first_token_event,
     reserved_target,
     sampling_params_from_proto,
     transport_to_proto,
 )
-from services.prefill.decode_reservations import DEFAULT_WAIT_S as DEFAULT_RESERVE_WAIT_S, DecodeReservations
+from services.prefill.decode_reservations import DecodeReservations
 from services.prefill.early_pages import EarlyPages, EarlySending
 from services.prefill.first_token_timings import first_token_timings
 from services.prefill.held_pages import release_after
