@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 from services.common.addresses import advertised_address, instance_id
 from services.common.grpc_server import AddServicer, HealthServicer, make_server, set_serving, stop_server
+from services.common.keepalive import keepalive_seconds
 from services.common.metrics import ServiceMetrics
 from services.common.settings import ConfigError
 from services.common.tracing import BATON_INSTANCE_ID, setup_tracing, shutdown_tracing, tracer
@@ -240,6 +241,7 @@ def run_service(name: str, config_from_args: Callable[[Sequence[str] | None], C]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = config_from_args(argv)
+        keepalive_seconds()  # read by every channel and server it makes: a bad one stops it here
     except ConfigError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.keepalive import server_keepalive_options
 from services.common.limits import DEFAULT_MAX_MESSAGE_BYTES, message_size_options
 from services.common.tracing import server_interceptors
 
@@ -109,6 +110,7 @@ async def make_server(
     service_names = list(service_names)
     options = [
         *message_size_options(max_message_bytes),
+        *server_keepalive_options(),  # a client gone without a word has its calls cancelled
         # gRPC sets SO_REUSEPORT by default on Linux, so a second server on a
         # taken fixed port binds "successfully" and steals half the calls.
         ("grpc.so_reuseport", 0),

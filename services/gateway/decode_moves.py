@@ -1,5 +1,5 @@
 """`DecodeMoves`: a request's moves to other decode workers, after the one it streamed from ended its stream
-past its first token:
+past its first token (or before it, when that worker was prefilling the prompt itself):
 
 - the worker went away (UNAVAILABLE): the request goes to another serving decode worker, its prompt and its
   output so far prefilled again for it (their prefix mostly cached where the prompt was computed), at most
@@ -54,6 +54,7 @@ class DecodeMoves:
         self.num_moves = 0
         self.gone: list[Worker] = []  # decode workers that went away mid-stream
         self.held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
+        self.prefills_on_decode = False  # where it moved last, its decode worker prefills it itself
 
     def move(self, error: grpc.aio.AioRpcError, decode_worker: Worker, prompt: Sequence[int], output: TextOutput,
              params: common_pb2.SamplingParams, progress: Progress, clock: PhaseClock,
@@ -82,7 +83,8 @@ class DecodeMoves:
         continued = common_pb2.SamplingParams()
         continued.CopyFrom(params)
         continued.ClearField("prompt_logprobs")
-        steps = self.steps.local if is_resumed or self.steps.prefill is None else self.steps.disaggregated
+        self.prefills_on_decode = is_resumed or self.steps.prefill is None
+        steps = self.steps.local if self.prefills_on_decode else self.steps.disaggregated
         return decode_worker, request_id, steps(request_id, prompt, continued, moved_to, progress, clock, spans,
                                                 NO_LOOKUP, lambda call: None, generated, bulk)
 

@@ -286,7 +286,9 @@ class RequestPipeline(Admission):
                     progress.is_released = True
                     steps = _ended_by_abort()
                 except grpc.aio.AioRpcError as e:
-                    if not deltas.is_past_first:  # before the first token a prefill worker's error stands
+                    # Before the first token a prefill worker's error stands (one that went away was left for
+                    # another already); a decode worker prefilling the prompt itself is left as it is later.
+                    if not deltas.is_past_first and not is_local:
                         raise
                     if moves is None:
                         moves = DecodeMoves(self.steps, self.decode, request_id)
@@ -294,6 +296,7 @@ class RequestPipeline(Admission):
                     if moved is None:
                         raise
                     decode_worker, request_id, steps = moved
+                    is_local = moves.prefills_on_decode
         finally:
             if not progress.is_released:
                 ended = common_pb2.FINISH_REASON_STOP if progress.is_stopped_here else \

@@ -2,6 +2,7 @@
 listening line, health SERVING, and a clean SIGTERM."""
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -27,13 +28,14 @@ class ServiceProcess:
     and warm up at once."""
 
     def __init__(self, name: str, service_name: str, model_dir: Path | None, *extra_args: str,
-                 command: list[str] | None = None, wait: bool = True):
+                 command: list[str] | None = None, wait: bool = True, env: dict[str, str] | None = None):
         self.name = name
         self.service_name = service_name
         self.channel: grpc.Channel | None = None
         command = command or [sys.executable, "-m", f"services.{name}"]
         model_args = ["--model", str(model_dir)] if model_dir is not None else []  # None: a kvstore node's
-        self.proc = spawn([*command, *model_args, "--port", "0", *extra_args])
+        self.proc = spawn([*command, *model_args, "--port", "0", *extra_args],
+                          env={**os.environ, **env} if env else None)
         # Read as it comes: a worker that logs more than a pipe holds (64 KiB) would block on its next line.
         self._stderr_lines: list[str] = []
         self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)

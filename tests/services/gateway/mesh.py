@@ -129,26 +129,26 @@ def assert_decode_pools_free(decode: list[ServiceProcess], within_s: float = 1.0
 
 def start_mesh(model_dir: Path, num_prefill: int = 2, num_decode: int = 2, gateway_args: tuple[str, ...] = (),
                worker_args: tuple[str, ...] = (), prefill_args: tuple[str, ...] = (),
-               decode_args: tuple[str, ...] = ()) -> Mesh:
+               decode_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Mesh:
     """`worker_args` go to prefill and decode workers, `prefill_args` to prefill workers only,
-    `decode_args` to decode workers only."""
+    `decode_args` to decode workers only; `env`, variables set for every process."""
     started: list = []
     try:
         # Started together, waited for in turn: they load and warm up at once.
-        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, model_dir, wait=False)
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, model_dir, wait=False, env=env)
         started.append(tokenizer)
         prefill, decode = [], []
         for _ in range(num_prefill):
             prefill.append(ServiceProcess("prefill", PREFILL_SERVICE, model_dir, "--kv-blocks", "128", *worker_args,
-                                          *prefill_args, wait=False))
+                                          *prefill_args, wait=False, env=env))
             started.append(prefill[-1])
         for _ in range(num_decode):
             decode.append(ServiceProcess("decode", DECODE_SERVICE, model_dir, "--kv-blocks", str(DECODE_KV_BLOCKS),
-                                         *worker_args, *decode_args, wait=False))
+                                         *worker_args, *decode_args, wait=False, env=env))
             started.append(decode[-1])
         wait_all_serving(started)
         gateway = GatewayProcess(model_dir, tokenizer.address, [p.address for p in prefill],
-                                 [d.address for d in decode], *gateway_args)
+                                 [d.address for d in decode], *gateway_args, env=env)
     except BaseException:
         stop_processes(started)
         raise
