@@ -1,6 +1,7 @@
 """A worker's health as routing sees it: its grpc.health.v1 Watch stream keeps `is_serving` current.
 
-A worker whose stream breaks (it died) is out of routing until it serves again; one whose health
+A worker whose stream breaks (it died) is out of routing until it serves again (asked again at once
+when its stream had been up a while, then every WATCH_RETRY_S); one whose health
 turns SERVING is first given what the others were given while it was away (its pool's
 `before_serving` calls), and stays out of routing where that fails.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,12 +31,16 @@ async def watch_worker(worker: Worker, service_name: str, kind: str,
     serving = health_pb2.HealthCheckResponse.SERVING
     while True:
         call = stub.Watch(health_pb2.HealthCheckRequest(service=service_name))
+        watched_at = time.monotonic()
+        was_up = False  # it answered (and went on answering, unless its preparation failed)
         try:
             async for response in call:
                 is_serving = response.status == serving
                 if is_serving and not worker.is_serving and not await _prepared(worker, kind, before_serving):
                     call.cancel()  # watched again after a pause: its first answer then tries once more
+                    was_up = False
                     break
+                was_up = True
                 if is_serving != worker.is_serving:
                     log.info("%s %s is %s", kind, worker.address, "serving" if is_serving else "not serving")
                 worker.is_serving = is_serving
@@ -43,7 +49,11 @@ async def watch_worker(worker: Worker, service_name: str, kind: str,
         if worker.is_serving:
             log.warning("%s %s stopped answering health checks; out of routing", kind, worker.address)
         worker.is_serving = False
-        await asyncio.sleep(WATCH_RETRY_S)
+        # A stream that was up a while is watched again at once: the worker may well be up, its connection
+        # closed while this process could not answer its keepalive pings (frozen, starved), and back in
+        # routing within a round trip. Never more often than every WATCH_RETRY_S.
+        if not (was_up and time.monotonic() - watched_at >= WATCH_RETRY_S):
+            await asyncio.sleep(WATCH_RETRY_S)
 
 
 async def _prepared(worker: Worker, kind: str, before_serving: Sequence[Callable[[Worker], Awaitable[None]]]) -> bool:

@@ -5,6 +5,7 @@ away before its first token goes to another, and one whose decode worker goes aw
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import signal
 import socket
@@ -17,11 +18,12 @@ import grpc
 import httpx
 import openai
 import pytest
-from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.grpc_server import make_server
 from services.common.settings import ConfigError
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
+from services.gateway import worker_health
 from services.gateway.config import GatewayConfig
 from services.gateway.worker_discovery import expand_addresses, follow, needs_resolving, resolved_names
 from services.gateway.workers import WorkerPool
@@ -191,6 +193,43 @@ def test_a_worker_is_routed_to_only_once_it_is_given_what_the_others_have():
             await server.stop(None)
 
     asyncio.run(scenario())
+
+
+def test_a_worker_that_closes_a_healthy_connection_is_back_in_routing_at_once(monkeypatch, caplog):
+    """A connection the worker closes while it serves (as it closes a gateway's that could not answer
+    its keepalive pings, frozen or starved: here by its maximum age) is made again at once, not after
+    WATCH_RETRY_S: every worker of a gateway that thaws is out of routing for a round trip, not half a
+    second of 503s."""
+    monkeypatch.setattr(worker_health, "WATCH_RETRY_S", 1.0)
+
+    async def scenario() -> float:
+        server = grpc.aio.server(options=[("grpc.max_connection_age_ms", 2500),
+                                          ("grpc.max_connection_age_grace_ms", 100)])
+        servicer = health.aio.HealthServicer()
+        await servicer.set("baton.Test", health_pb2.HealthCheckResponse.SERVING)
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        pool = WorkerPool.connect([f"127.0.0.1:{port}"], health_pb2_grpc.HealthStub, "decode")
+        pool.watch_health("baton.Test")
+        try:
+            await until(lambda: pool.num_serving == 1)
+            longest, out_since, end = 0.0, None, time.monotonic() + 6  # the connection closed twice
+            while time.monotonic() < end:
+                if pool.num_serving == 0 and out_since is None:
+                    out_since = time.monotonic()
+                elif pool.num_serving == 1 and out_since is not None:
+                    longest, out_since = max(longest, time.monotonic() - out_since), None
+                await asyncio.sleep(0.002)
+            return longest
+        finally:
+            await pool.close()
+            await server.stop(None)
+
+    with caplog.at_level(logging.WARNING, logger="baton.gateway"):
+        longest_out_s = asyncio.run(scenario())
+    assert "stopped answering health checks" in caplog.text  # the connection did close
+    assert longest_out_s < 0.5
 
 
 async def until(predicate, timeout_s: float = 5.0) -> None:
