@@ -5,8 +5,8 @@ Runs through services/common/entrypoint.py: binds the public gRPC API and prints
 `gateway listening on HOST:PORT`, then binds the OpenAI HTTP API and prints
 `gateway http listening on HOST:PORT` (`https` with --ssl-certfile; the lines `baton up` reads). It loads the
 model's tokenizer (to detokenize), connects to every worker and watches their
-health; gRPC health turns SERVING, and HTTP `/health` 200, once the tokenizer and at
-least one prefill (none with --colocated) and one decode worker serve. SIGTERM or
+health; gRPC health turns SERVING, and HTTP `/health` 200, once at least one prefill (none
+with --colocated) and one decode worker serve (without a tokenizer service it encodes prompts itself). SIGTERM or
 SIGINT: both APIs stop taking requests at once, in-flight ones get the grace period (--shutdown-grace-s),
 those still running just before its end are aborted (finish_reason "abort"), exit code 0.
 """
@@ -117,7 +117,8 @@ class GatewayService:
         self._aborting: asyncio.TimerHandle | None = None
 
     def readiness(self) -> str | None:
-        missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0]
+        # Without a tokenizer service the gateway encodes prompts itself (prompt_encoder.py).
+        missing = [kind for kind, pool in self.pools.items() if pool.num_serving == 0 and kind != "tokenizer"]
         if not self.pools or missing:
             return f"not ready: no {' or '.join(missing) or 'worker'} serving"
         return None

@@ -3,24 +3,38 @@ ids as given; then left-truncated as asked and checked against the model's conte
 
 Short prompts are encoded here, with the same tokenizer and template the tokenizer service has
 (a round trip off their path); long ones, and conversations with a template of their own, by
-the least loaded serving tokenizer service, off the gateway's event loop.
+the least loaded serving tokenizer service, off the gateway's event loop. Where no tokenizer service
+serves, or the one asked went away or did not answer in time, a long prompt is encoded here after all,
+on a thread (`baton_gateway_tokenizer_fallbacks_total`), as vLLM's and SGLang's front ends encode every
+prompt: a tokenizer service down does not take serving down with it. Not a conversation with a template
+of its own: nothing bounds its time.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
+
+import grpc
+from prometheus_client import Counter
 
 from engine.sampling_params import SamplingParams as EngineSamplingParams
 from protos import common_pb2, tokenizer_pb2
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE, ContextLengthError, InvalidRequestError
-from services.gateway.workers import WorkerPool
+from services.gateway.workers import NoHealthyWorkerError, WorkerPool
 from services.tokenizer.chat_template import ChatOptions, ChatTemplateError, check_messages
 from services.tokenizer.content_format import content_chars
 from services.tokenizer.converters import chat_template_request
 from services.tokenizer.image_tokens import ImageSize
 from services.tokenizer.incremental_detokenizer import Decoder
+
+TOKENIZER_FALLBACKS = Counter("baton_gateway_tokenizer_fallbacks_total",
+                              "Long prompts the gateway encoded itself because no tokenizer service was serving, "
+                              "or the one asked went away or did not answer in time")
+# What a tokenizer service that is gone or stalled answers; any other error is the prompt's.
+_SERVICE_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class ModelText(Decoder, Protocol):
@@ -87,14 +101,16 @@ class PromptEncoder:
             # tail) a negative one is refused there. The OpenAI API's ids are bounded by its schema.
             prompt = prompt_token_ids
         elif prompt_text is not None:
+            def encode_here() -> list[int]:
+                return self.tokenizer.encode(prompt_text, add_special_tokens=add_special_tokens)
+
             if len(prompt_text) <= self.local_tokenize_max_chars:
-                prompt = self.tokenizer.encode(prompt_text, add_special_tokens=add_special_tokens)
+                prompt = encode_here()
             else:
-                # Its characters stand in for its tokens in the services' load: they are not counted yet.
-                with self.tokenizers.hold(num_tokens=len(prompt_text)) as service:
-                    prompt = (await service.stub.Encode(tokenizer_pb2.EncodeRequest(
-                        request_id=request_id, text=prompt_text, add_special_tokens=add_special_tokens),
-                        timeout=timeout)).token_ids
+                prompt = await self._by_service(len(prompt_text), lambda stub: stub.Encode(
+                    tokenizer_pb2.EncodeRequest(request_id=request_id, text=prompt_text,
+                                                add_special_tokens=add_special_tokens), timeout=timeout),
+                                                encode_here)
         else:
             # As the tokenizer service reads them (services/tokenizer/converters.py).
             chat = [{**m, "content": m.get("content") or ""} for m in messages]
@@ -104,21 +120,41 @@ class PromptEncoder:
             # A request's own template is rendered by the tokenizer service: nothing bounds its time,
             # which here would stall every other request's tokens.
             num_chars = sum(content_chars(m["content"]) for m in chat)
-            if chat_options.template is None and num_chars <= self.local_tokenize_max_chars:
+
+            def render_here() -> list[int]:
                 try:
                     check_messages(chat)
-                    prompt = self.tokenizer.apply_chat_template(chat, image_sizes=image_sizes,
-                                                                **chat_options.as_template_inputs())[1]
+                    return self.tokenizer.apply_chat_template(chat, image_sizes=image_sizes,
+                                                              **chat_options.as_template_inputs())[1]
                 except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
                     raise InvalidRequestError(str(e)) from None
+
+            if chat_options.template is None and num_chars <= self.local_tokenize_max_chars:
+                prompt = render_here()
             else:
-                with self.tokenizers.hold(num_tokens=num_chars) as service:
-                    prompt = (await service.stub.ApplyChatTemplate(
-                        chat_template_request(request_id, chat, chat_options, image_sizes),
-                        timeout=timeout)).token_ids
+                prompt = await self._by_service(num_chars, lambda stub: stub.ApplyChatTemplate(
+                    chat_template_request(request_id, chat, chat_options, image_sizes), timeout=timeout),
+                                                render_here if chat_options.template is None else None)
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt
+
+    async def _by_service(self, num_chars: int, ask: Callable[[Any], Awaitable[Any]],
+                          here: Callable[[], list[int]] | None) -> Sequence[int]:
+        """The token ids the least loaded serving tokenizer service answers `ask(stub)` with (its `num_chars`
+        stand in for the tokens in its load: they are not counted yet); `here()`'s, on a thread, where none
+        serves or it went away or did not answer in time (`here` None: that error stands)."""
+        try:
+            with self.tokenizers.hold(num_tokens=num_chars) as service:
+                return (await ask(service.stub)).token_ids
+        except NoHealthyWorkerError:
+            if here is None:
+                raise
+        except grpc.aio.AioRpcError as e:
+            if here is None or e.code() not in _SERVICE_GONE:
+                raise
+        TOKENIZER_FALLBACKS.inc()
+        return await asyncio.to_thread(here)
 
     def truncated(self, prompt: Sequence[int], keep: int) -> Sequence[int]:
         """The prompt's last `keep` tokens (-1: the context's worth; unknown context, all of them)."""

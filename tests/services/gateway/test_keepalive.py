@@ -2,8 +2,9 @@
 cut off the network or powered off would be) is found by gRPC keepalive (services/common/keepalive.py)
 within two periods, 1 s each here (BATON_GRPC_KEEPALIVE_S): a frozen decode worker leaves routing and
 its streams go on on another, a prompt it was prefilling itself too; a frozen gateway has its calls on
-the workers cancelled. Before, each waited out its call's deadline (an hour for
-a decode stream, or a prefill worker's wait for decode pages). Its own mesh: it freezes its processes."""
+the workers cancelled; with the tokenizer service frozen, the gateway encodes long prompts itself.
+Before, each waited out its call's deadline (an hour for a decode stream, or a prefill worker's wait
+for decode pages). Its own mesh: it freezes its processes."""
 from __future__ import annotations
 
 import signal
@@ -43,7 +44,7 @@ def mesh(tiny_demo_model):
     try:
         yield mesh
     finally:
-        for process in [mesh.gateway, *mesh.decode]:
+        for process in [mesh.gateway, mesh.tokenizer, *mesh.decode]:
             process.proc.send_signal(signal.SIGCONT)
         codes = stop_mesh(mesh)
     assert all(code == 0 for code in codes.values()), codes
@@ -58,10 +59,10 @@ def running_on(mesh) -> list[float]:
     return [metric_value(url, "baton_requests_running") for url in mesh.decode_metrics]
 
 
-def serving_decode_workers(mesh) -> float:
+def serving_decode_workers(mesh, kind: str = "decode") -> float:
     text = httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == "baton_gateway_workers" and sample.labels.get("kind") == "decode"
+               if sample.name == "baton_gateway_workers" and sample.labels.get("kind") == kind
                and sample.labels.get("state") == "serving")
 
 
@@ -169,3 +170,30 @@ def test_a_frozen_gateways_requests_are_ended_on_the_workers(mesh):
     wait_until(lambda: serving_decode_workers(mesh) == 2, timeout_s=FOUND_WITHIN_S)
     reply = client.completions.create(model=mesh.model_name, prompt="after", max_tokens=4)
     assert reply.choices[0].finish_reason == "length"
+
+
+def test_long_prompts_are_encoded_by_the_gateway_while_no_tokenizer_service_answers(mesh):
+    """Prompts over the gateway's --local-tokenize-max-chars go to the tokenizer service; with it frozen
+    the gateway encodes them itself, the same ids (one asked as it froze once the call is given up on, the
+    next at once once it is out of routing), and its /health stays 200."""
+    client = client_of(mesh)
+    text = "A long prompt for the tokenizer service, " * 60  # 2460 characters, over the gateway's 2048
+
+    def prompt_tokens() -> tuple[int, int]:
+        completion = client.completions.create(model=mesh.model_name, prompt=text, max_tokens=2)
+        chat = client.chat.completions.create(model=mesh.model_name, max_tokens=2,
+                                              messages=[{"role": "user", "content": text}])
+        return completion.usage.prompt_tokens, chat.usage.prompt_tokens
+
+    by_service = prompt_tokens()
+    fallbacks = metric_value(mesh.gateway.base_url, "baton_gateway_tokenizer_fallbacks_total")
+    mesh.tokenizer.proc.send_signal(signal.SIGSTOP)
+    try:
+        assert prompt_tokens() == by_service  # its call given up on after two keepalive periods
+        wait_until(lambda: serving_decode_workers(mesh, "tokenizer") == 0, timeout_s=FOUND_WITHIN_S)
+        assert httpx.get(f"{mesh.gateway.base_url}/health", timeout=10).status_code == 200
+        assert prompt_tokens() == by_service
+    finally:
+        mesh.tokenizer.proc.send_signal(signal.SIGCONT)
+    assert metric_value(mesh.gateway.base_url, "baton_gateway_tokenizer_fallbacks_total") == fallbacks + 4
+    wait_until(lambda: serving_decode_workers(mesh, "tokenizer") == 1, timeout_s=FOUND_WITHIN_S)
