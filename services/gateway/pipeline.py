@@ -287,7 +287,8 @@ class RequestPipeline(Admission):
                     steps = _ended_by_abort()
                 except grpc.aio.AioRpcError as e:
                     # Before the first token a prefill worker's error stands (one that went away was left for
-                    # another already); a decode worker prefilling the prompt itself is left as it is later.
+                    # another already); a decode worker that was prefilling the prompt itself and went away is
+                    # left as one that goes away mid-stream is.
                     if not deltas.is_past_first and not is_local:
                         raise
                     if moves is None:
