@@ -30,7 +30,7 @@ from services.gateway.deltas import Delta
 from services.gateway.errors import APIError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.openai_responses import ResponseBuilder
-from services.gateway.tokenize_api import TokenizeRequest, tokenize, tokenizer_service
+from services.gateway.tokenize_api import TokenizeRequest, tokenize
 
 STOP_REASONS = {"length": "max_tokens"}  # any other finish: end_turn, or tool_use after a call
 class MessagesShape:
@@ -152,8 +152,7 @@ def add_anthropic_routes(app: FastAPI, state, check_model: Callable[[str], str |
         asked = TokenizeRequest(messages=chat.messages, tools=options.tools, documents=options.documents,
                                 chat_template_kwargs=dict(options.template_kwargs), chat_template=options.template)
         sizes = await chat_image_sizes(state, chat.messages)
-        with tokenizer_service(pipeline.tokenizers, "messages") as service:
-            tokens = await tokenize(service.stub, asked, pipeline.prompts, state.tool_call_parser, sizes)
+        tokens = await tokenize(asked, pipeline.prompts, state.tool_call_parser, sizes)
         return JSONResponse({"input_tokens": len(tokens)})
 
     app.add_route("/v1/messages/count_tokens", count_tokens, methods=["POST"])

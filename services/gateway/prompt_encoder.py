@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from prometheus_client import Counter
@@ -30,8 +30,10 @@ from services.tokenizer.converters import chat_template_request
 from services.tokenizer.image_tokens import ImageSize
 from services.tokenizer.incremental_detokenizer import Decoder
 
+T = TypeVar("T")
 TOKENIZER_FALLBACKS = Counter("baton_gateway_tokenizer_fallbacks_total",
-                              "Long prompts the gateway encoded itself because no tokenizer service was serving, "
+                              "Long prompts (and /tokenize's, /detokenize's ids) the gateway encoded itself because no "
+                              "tokenizer service was serving, "
                               "or the one asked went away or did not answer in time")
 # What a tokenizer service that is gone or stalled answers; any other error is the prompt's.
 _SERVICE_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -42,6 +44,7 @@ class ModelText(Decoder, Protocol):
 
     max_model_len: int | None
     eos_token_ids: tuple[int, ...]
+    vocab_size: int
 
     def completion_budget(self, num_prompt_tokens: int, max_tokens: int | None) -> int | None: ...
 
@@ -107,10 +110,12 @@ class PromptEncoder:
             if len(prompt_text) <= self.local_tokenize_max_chars:
                 prompt = encode_here()
             else:
-                prompt = await self._by_service(len(prompt_text), lambda stub: stub.Encode(
-                    tokenizer_pb2.EncodeRequest(request_id=request_id, text=prompt_text,
-                                                add_special_tokens=add_special_tokens), timeout=timeout),
-                                                encode_here)
+                async def encode(stub) -> Sequence[int]:
+                    return (await stub.Encode(tokenizer_pb2.EncodeRequest(
+                        request_id=request_id, text=prompt_text, add_special_tokens=add_special_tokens),
+                        timeout=timeout)).token_ids
+
+                prompt = await self.by_service(len(prompt_text), encode, encode_here)
         else:
             # As the tokenizer service reads them (services/tokenizer/converters.py).
             chat = [{**m, "content": m.get("content") or ""} for m in messages]
@@ -122,31 +127,39 @@ class PromptEncoder:
             num_chars = sum(content_chars(m["content"]) for m in chat)
 
             def render_here() -> list[int]:
-                try:
-                    check_messages(chat)
-                    return self.tokenizer.apply_chat_template(chat, image_sizes=image_sizes,
-                                                              **chat_options.as_template_inputs())[1]
-                except ChatTemplateError as e:  # what the tokenizer service refuses as INVALID_ARGUMENT
-                    raise InvalidRequestError(str(e)) from None
+                return self.rendered(chat, chat_options, image_sizes)
 
             if chat_options.template is None and num_chars <= self.local_tokenize_max_chars:
                 prompt = render_here()
             else:
-                prompt = await self._by_service(num_chars, lambda stub: stub.ApplyChatTemplate(
-                    chat_template_request(request_id, chat, chat_options, image_sizes), timeout=timeout),
-                                                render_here if chat_options.template is None else None)
+                async def render(stub) -> Sequence[int]:
+                    return (await stub.ApplyChatTemplate(
+                        chat_template_request(request_id, chat, chat_options, image_sizes), timeout=timeout)).token_ids
+
+                prompt = await self.by_service(num_chars, render,
+                                               render_here if chat_options.template is None else None)
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
         return prompt
 
-    async def _by_service(self, num_chars: int, ask: Callable[[Any], Awaitable[Any]],
-                          here: Callable[[], list[int]] | None) -> Sequence[int]:
-        """The token ids the least loaded serving tokenizer service answers `ask(stub)` with (its `num_chars`
-        stand in for the tokens in its load: they are not counted yet); `here()`'s, on a thread, where none
+    def rendered(self, chat: Sequence[Mapping[str, Any]], chat_options: ChatOptions,
+                 image_sizes: Sequence[ImageSize] = ()) -> list[int]:
+        """The ids of `chat` rendered here by the model's template as `chat_options` say; InvalidRequestError
+        for what the tokenizer service refuses as INVALID_ARGUMENT."""
+        try:
+            check_messages(chat)
+            return self.tokenizer.apply_chat_template(chat, image_sizes=image_sizes,
+                                                      **chat_options.as_template_inputs())[1]
+        except ChatTemplateError as e:
+            raise InvalidRequestError(str(e)) from None
+
+    async def by_service(self, num_chars: int, ask: Callable[[Any], Awaitable[T]], here: Callable[[], T] | None) -> T:
+        """What `ask(stub)` makes of the least loaded serving tokenizer service's answer (its `num_chars`
+        stand in for the tokens in its load: they are not counted yet); `here()`, on a thread, where none
         serves or it went away or did not answer in time (`here` None: that error stands)."""
         try:
             with self.tokenizers.hold(num_tokens=num_chars) as service:
-                return (await ask(service.stub)).token_ids
+                return await ask(service.stub)
         except NoHealthyWorkerError:
             if here is None:
                 raise

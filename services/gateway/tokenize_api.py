@@ -14,7 +14,9 @@ and `/v1/detokenize`, with a batch of prompts (a list: `tokens` and `count` are 
 token lists, its text named `text` (which the answer carries too), and special tokens skipped by
 default on its `/v1` path. Both are the tokenizer service's work (Encode, ApplyChatTemplate,
 Decode), so a long prompt is not encoded on the gateway's event loop; what it refuses
-(a template that cannot render the messages, an id outside the vocabulary) is a 400.
+(a template that cannot render the messages, an id outside the vocabulary) is a 400. Where no
+tokenizer service answers, the gateway does the same work itself, on a thread, as it encodes a
+long prompt for generation then (prompt_encoder.py); not with a template of the request's own.
 """
 from __future__ import annotations
 
@@ -34,12 +36,14 @@ from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.openai_protocol import TokenId
 from services.gateway.prompt_encoder import PromptEncoder
-from services.gateway.request_errors import UNTRUSTED_TEMPLATE
+from services.gateway.request_errors import UNTRUSTED_TEMPLATE, InvalidRequestError
 from services.gateway.tool_parsers import with_template_call_ids
-from services.gateway.workers import NoHealthyWorkerError, WorkerPool
+from services.gateway.workers import NoHealthyWorkerError
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
+from services.tokenizer.content_format import content_chars
 from services.tokenizer.converters import chat_template_request
 from services.tokenizer.image_tokens import ImageSize
+from services.tokenizer.model_tokenizer import outside_vocabulary
 
 
 class TokenizeRequest(BaseModel):
@@ -81,49 +85,62 @@ class DetokenizeRequest(BaseModel):
     skip_special_tokens: bool | None = None  # None: the path's default, vLLM's (kept) or SGLang's (skipped)
 
 
-async def tokenize(stub, body: TokenizeRequest, prompts: PromptEncoder, tool_call_parser: str | None = None,
+async def tokenize(body: TokenizeRequest, prompts: PromptEncoder, tool_call_parser: str | None = None,
                    image_sizes: Sequence[ImageSize] = ()) -> list[int]:
-    """The prompt's token ids, by the tokenizer service behind `stub`, as `prompts` (the pipeline's) make
-    generation's (its trust in requests' templates, its template defaults); chat messages' tool-call ids
-    as generation gives them to the template (`tool_call_parser`: the gateway's), their images' tokens as
-    many as their sizes (`image_sizes`, chat_images.py's) make."""
+    """The prompt's token ids, by the least loaded tokenizer service (here where none answers, as a long
+    prompt's for generation: prompt_encoder.py), as `prompts` (the pipeline's) make generation's (its trust
+    in requests' templates, its template defaults); chat messages' tool-call ids as generation gives them
+    to the template (`tool_call_parser`: the gateway's), their images' tokens as many as their sizes
+    (`image_sizes`, chat_images.py's) make."""
     if body.chat_template is not None and not prompts.trust_request_chat_template:
         raise APIError(400, UNTRUSTED_TEMPLATE, param="chat_template")
+    param = "prompt" if body.prompt is not None else "messages"
     try:
         if body.prompt is not None:
-            return list(await _encode(stub, body.prompt, body.add_special_tokens is not False, prompts.timeout_s))
+            text, add_special_tokens = body.prompt, body.add_special_tokens is not False
+
+            async def encode(stub) -> Sequence[int]:
+                return (await stub.Encode(tokenizer_pb2.EncodeRequest(text=text, add_special_tokens=add_special_tokens),
+                                          timeout=prompts.timeout_s)).token_ids
+
+            return list(await prompts.by_service(len(text), encode,
+                                                 lambda: prompts.tokenizer.encode(text, add_special_tokens)))
         messages = with_template_call_ids([m.as_template_input() for m in body.messages], tool_call_parser)
         options = prompts.chat_options(ChatOptions(
             body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs or {},
             body.tools or None, body.documents, body.chat_template, bool(body.add_special_tokens)))
-        return list((await stub.ApplyChatTemplate(chat_template_request("", messages, options, image_sizes),
-                                                  timeout=prompts.timeout_s)).token_ids)
+        chat = [{**m, "content": m.get("content") or ""} for m in messages]  # as the service reads them
+
+        async def render(stub) -> Sequence[int]:
+            return (await stub.ApplyChatTemplate(chat_template_request("", messages, options, image_sizes),
+                                                 timeout=prompts.timeout_s)).token_ids
+
+        return list(await prompts.by_service(
+            sum(content_chars(m["content"]) for m in chat), render,
+            None if options.template is not None else lambda: prompts.rendered(chat, options, image_sizes)))
     except grpc.aio.AioRpcError as e:
-        raise _refused(e, "prompt" if body.prompt is not None else "messages") from None
+        raise _refused(e, param) from None
+    except (NoHealthyWorkerError, InvalidRequestError) as e:
+        raise to_api_error(e, param) from None
 
 
-async def detokenize(stub, token_ids: list[int], skip_special_tokens: bool, timeout_s: float) -> str:
-    try:
-        reply = await stub.Decode(tokenizer_pb2.DecodeRequest(token_ids=token_ids,
+async def detokenize(prompts: PromptEncoder, token_ids: list[int], skip_special_tokens: bool) -> str:
+    """`token_ids`' text, by the least loaded tokenizer service, or here where none answers."""
+    async def decode(stub) -> str:
+        return (await stub.Decode(tokenizer_pb2.DecodeRequest(token_ids=token_ids,
                                                               skip_special_tokens=skip_special_tokens),
-                                  timeout=timeout_s)
+                                  timeout=prompts.timeout_s)).text
+
+    def decode_here() -> str:
+        outside = outside_vocabulary(token_ids, prompts.tokenizer.vocab_size)
+        if outside is not None:
+            raise APIError(400, outside, param="tokens")
+        return prompts.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    try:
+        return await prompts.by_service(len(token_ids), decode, decode_here)
     except grpc.aio.AioRpcError as e:
         raise _refused(e, "tokens") from None
-    return reply.text
-
-
-async def _encode(stub, text: str, add_special_tokens: bool, timeout_s: float):
-    reply = await stub.Encode(tokenizer_pb2.EncodeRequest(text=text, add_special_tokens=add_special_tokens),
-                              timeout=timeout_s)
-    return reply.token_ids
-
-
-def tokenizer_service(tokenizers: WorkerPool, param: str):
-    """The least loaded serving tokenizer service, held for the block; none serving is a 503."""
-    try:
-        return tokenizers.hold()
-    except NoHealthyWorkerError as e:
-        raise to_api_error(e, param) from None
 
 
 def _refused(e: grpc.aio.AioRpcError, param: str) -> APIError:
@@ -144,18 +161,17 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
         sizes = await chat_image_sizes(state, body.messages or (), body.mm_processor_kwargs, body.media_io_kwargs)
 
         async def tokenized(one: TokenizeRequest) -> list[int]:
-            return await tokenize(service.stub, one, pipeline.prompts, state.tool_call_parser, sizes)
+            return await tokenize(one, pipeline.prompts, state.tool_call_parser, sizes)
 
         def token_strs(tokens: list[int]) -> list[str]:
             return [pipeline.tokenizer.id_to_token(t) for t in tokens]
 
-        with tokenizer_service(pipeline.tokenizers, "prompt" if body.prompt is not None else "messages") as service:
-            if not isinstance(body.prompt, list):
-                tokens = await tokenized(body)
-                return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens,
-                                     "token_strs": token_strs(tokens) if body.return_token_strs else None})
-            batch = await asyncio.gather(*(tokenized(body.model_copy(update={"prompt": prompt}))
-                                           for prompt in body.prompt))
+        if not isinstance(body.prompt, list):
+            tokens = await tokenized(body)
+            return JSONResponse({"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens,
+                                 "token_strs": token_strs(tokens) if body.return_token_strs else None})
+        batch = await asyncio.gather(*(tokenized(body.model_copy(update={"prompt": prompt}))
+                                       for prompt in body.prompt))
         strs = [token_strs(tokens) for tokens in batch] if body.return_token_strs else None
         return JSONResponse({"count": [len(tokens) for tokens in batch], "max_model_len": state.max_model_len,
                              "tokens": batch, "token_strs": strs})
@@ -166,13 +182,10 @@ def add_tokenize_routes(app: FastAPI, state, check_model: Callable[[str], str | 
             if body.model is not None:
                 check_model(body.model)
             skip = skips_special_tokens if body.skip_special_tokens is None else body.skip_special_tokens
-            with tokenizer_service(pipeline.tokenizers, "tokens") as service:
-                if isinstance(body.tokens[0], int):
-                    text = await detokenize(service.stub, body.tokens, skip, pipeline.deadlines.tokenizer_s)
-                else:
-                    text = list(await asyncio.gather(*(detokenize(service.stub, ids, skip,
-                                                                  pipeline.deadlines.tokenizer_s)
-                                                       for ids in body.tokens)))
+            if isinstance(body.tokens[0], int):
+                text = await detokenize(pipeline.prompts, body.tokens, skip)
+            else:
+                text = list(await asyncio.gather(*(detokenize(pipeline.prompts, ids, skip) for ids in body.tokens)))
             return JSONResponse({"prompt": text, "text": text})  # vLLM's name for it, and SGLang's
         return endpoint
 

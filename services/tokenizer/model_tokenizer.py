@@ -40,6 +40,13 @@ class ContextLengthError(ValueError):
     """A request's prompt plus its completion budget does not fit the model's context."""
 
 
+def outside_vocabulary(token_ids: Sequence[int], vocab_size: int) -> str | None:
+    """Why `token_ids` cannot be decoded (tokenizers silently drops unknown ids; a caller sending them
+    has a bug worth hearing about), or None."""
+    bad = next((i for i in token_ids if not 0 <= i < vocab_size), None)
+    return None if bad is None else f"token id {bad} is outside the vocabulary [0, {vocab_size})"
+
+
 class ModelTokenizer:
     """Tokenization and chat formatting for one model.
 

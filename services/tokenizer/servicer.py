@@ -27,7 +27,7 @@ from services.tokenizer.chat_template import (
 from services.tokenizer.content_format import content_chars
 from services.tokenizer.converters import chat_messages_from_proto
 from services.tokenizer.image_tokens import ImageSize
-from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer
+from services.tokenizer.model_tokenizer import ContextLengthError, ModelTokenizer, outside_vocabulary
 
 SERVICE_NAME = tokenizer_pb2.DESCRIPTOR.services_by_name["Tokenizer"].full_name
 # Inputs longer than this (characters, or token ids to decode) go to a worker thread.
@@ -75,12 +75,9 @@ class TokenizerServicer(tokenizer_pb2_grpc.TokenizerServicer):
 
     async def Decode(self, request, context):
         tokenizer = await self._ready(context)
-        vocab_size = tokenizer.vocab_size
-        # tokenizers silently drops unknown ids; a caller sending them has a bug worth hearing about.
-        bad = next((i for i in request.token_ids if not 0 <= i < vocab_size), None)
-        if bad is not None:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT,
-                              f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+        outside = outside_vocabulary(request.token_ids, tokenizer.vocab_size)
+        if outside is not None:
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, outside)
         text = await _run(len(request.token_ids) > INLINE_LIMIT, tokenizer.decode, request.token_ids,
                           request.skip_special_tokens)
         return tokenizer_pb2.DecodeResponse(text=text)

@@ -175,7 +175,7 @@ def test_a_frozen_gateways_requests_are_ended_on_the_workers(mesh):
 def test_long_prompts_are_encoded_by_the_gateway_while_no_tokenizer_service_answers(mesh):
     """Prompts over the gateway's --local-tokenize-max-chars go to the tokenizer service; with it frozen
     the gateway encodes them itself, the same ids (one asked as it froze once the call is given up on, the
-    next at once once it is out of routing), and its /health stays 200."""
+    next at once once it is out of routing), and its /health stays 200. So do /tokenize and /detokenize."""
     client = client_of(mesh)
     text = "A long prompt for the tokenizer service, " * 60  # 2460 characters, over the gateway's 2048
 
@@ -185,15 +185,30 @@ def test_long_prompts_are_encoded_by_the_gateway_while_no_tokenizer_service_answ
                                               messages=[{"role": "user", "content": text}])
         return completion.usage.prompt_tokens, chat.usage.prompt_tokens
 
-    by_service = prompt_tokens()
+    def tokens_api() -> list:
+        """/tokenize's and /detokenize's answers (a prompt, a conversation, ids and ids outside the vocabulary),
+        and Anthropic's token count."""
+        def post(path: str, body: dict) -> tuple[int, dict]:
+            response = httpx.post(f"{mesh.gateway.base_url}{path}", json=body, timeout=60)
+            return response.status_code, response.json()
+        return [post("/tokenize", {"prompt": "short"}), post("/tokenize", {"prompt": [text, "short"]}),
+                post("/tokenize", {"messages": [{"role": "user", "content": text}]}),
+                post("/detokenize", {"tokens": [5, 6, 7]}), post("/v1/detokenize", {"tokens": [[5, 6], [7]]}),
+                post("/detokenize", {"tokens": [5, 10**6]}),
+                post("/v1/messages/count_tokens", {"model": mesh.model_name,
+                                                   "messages": [{"role": "user", "content": text}]})]
+
+    by_service = prompt_tokens(), tokens_api()
+    assert by_service[1][-2][0] == 400  # the id outside the vocabulary
     fallbacks = metric_value(mesh.gateway.base_url, "baton_gateway_tokenizer_fallbacks_total")
     mesh.tokenizer.proc.send_signal(signal.SIGSTOP)
     try:
-        assert prompt_tokens() == by_service  # its call given up on after two keepalive periods
+        assert prompt_tokens() == by_service[0]  # its call given up on after two keepalive periods
         wait_until(lambda: serving_decode_workers(mesh, "tokenizer") == 0, timeout_s=FOUND_WITHIN_S)
         assert httpx.get(f"{mesh.gateway.base_url}/health", timeout=10).status_code == 200
-        assert prompt_tokens() == by_service
+        assert (prompt_tokens(), tokens_api()) == by_service
     finally:
         mesh.tokenizer.proc.send_signal(signal.SIGCONT)
-    assert metric_value(mesh.gateway.base_url, "baton_gateway_tokenizer_fallbacks_total") == fallbacks + 4
+    # The generation requests' long prompts, and every tokenize and detokenize call once it was out of routing.
+    assert metric_value(mesh.gateway.base_url, "baton_gateway_tokenizer_fallbacks_total") == fallbacks + 4 + 9
     wait_until(lambda: serving_decode_workers(mesh, "tokenizer") == 1, timeout_s=FOUND_WITHIN_S)
