@@ -27,19 +27,11 @@ class ReserveQueue:
     def __init__(self) -> None:
         self._head = asyncio.Lock()  # held by the first waiter; asyncio's Lock wakes its waiters in order
         self.num_waiting = 0
-        self._stopped = asyncio.Event()
-        self._stopping: asyncio.Task | None = None
+        self._stop = asyncio.Event()  # the worker's, once `end_when` gives it
 
     def end_when(self, stop: asyncio.Event) -> None:
         """Those waiting, and those that would, get WorkerStopping once `stop` is set."""
-        async def end() -> None:
-            await stop.wait()
-            self._stopped.set()
-        self._stopping = asyncio.ensure_future(end())
-
-    def close(self) -> None:
-        if self._stopping is not None:
-            self._stopping.cancel()
+        self._stop = stop
 
     async def reserve(self, attempt: Callable[[], Awaitable[list[int]]], wait_s: float) -> list[int]:
         """`attempt()`'s pages, tried at once and then, while it raises NoRoomYet, again in turn for up
@@ -61,7 +53,7 @@ class ReserveQueue:
                 raise NoRoomYet(f"no room for the reservation within {wait_s:g} s, behind "
                                 f"{self.num_waiting - 1} waiting for pages") from None
             try:
-                while not self._stopped.is_set():  # the ones behind see it as they come to the head
+                while not self._stop.is_set():  # the ones behind see it as they come to the head
                     try:
                         return await attempt()
                     except NoRoomYet:

@@ -99,7 +99,6 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
 
     def close(self) -> None:
         self.opened_ahead.close()
-        self.reserves.close()
         if self.leases is not None:
             self.leases.close()
 

@@ -39,6 +39,12 @@ TOKENIZER_FALLBACKS = Counter("baton_gateway_tokenizer_fallbacks_total",
 _SERVICE_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+def as_the_service_reads(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` as the tokenizer service reads them (services/tokenizer/converters.py): a missing content is
+    empty, as the template is given it here."""
+    return [{**m, "content": m.get("content") or ""} for m in messages]
+
+
 class ModelText(Decoder, Protocol):
     """What the pipeline needs of the model's tokenizer in this process (`ModelTokenizer`)."""
 
@@ -117,8 +123,7 @@ class PromptEncoder:
 
                 prompt = await self.by_service(len(prompt_text), encode, encode_here)
         else:
-            # As the tokenizer service reads them (services/tokenizer/converters.py).
-            chat = [{**m, "content": m.get("content") or ""} for m in messages]
+            chat = as_the_service_reads(messages)
             chat_options = self.chat_options(chat_options)
             if chat_options.template is not None and not self.trust_request_chat_template:
                 raise InvalidRequestError(UNTRUSTED_TEMPLATE, param="chat_template")

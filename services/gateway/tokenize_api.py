@@ -35,7 +35,7 @@ from services.gateway.chat_messages import ChatMessage
 from services.gateway.errors import APIError, FieldError, to_api_error
 from services.gateway.http_body import parsed_body
 from services.gateway.openai_protocol import TokenId
-from services.gateway.prompt_encoder import PromptEncoder
+from services.gateway.prompt_encoder import PromptEncoder, as_the_service_reads
 from services.gateway.request_errors import UNTRUSTED_TEMPLATE, InvalidRequestError
 from services.gateway.tool_parsers import with_template_call_ids
 from services.gateway.workers import NoHealthyWorkerError
@@ -109,7 +109,7 @@ async def tokenize(body: TokenizeRequest, prompts: PromptEncoder, tool_call_pars
         options = prompts.chat_options(ChatOptions(
             body.add_generation_prompt, body.continue_final_message, body.chat_template_kwargs or {},
             body.tools or None, body.documents, body.chat_template, bool(body.add_special_tokens)))
-        chat = [{**m, "content": m.get("content") or ""} for m in messages]  # as the service reads them
+        chat = as_the_service_reads(messages)
 
         async def render(stub) -> Sequence[int]:
             return (await stub.ApplyChatTemplate(chat_template_request("", messages, options, image_sizes),

@@ -59,7 +59,7 @@ def running_on(mesh) -> list[float]:
     return [metric_value(url, "baton_requests_running") for url in mesh.decode_metrics]
 
 
-def serving_decode_workers(mesh, kind: str = "decode") -> float:
+def serving_workers(mesh, kind: str) -> float:
     text = httpx.get(f"{mesh.gateway.base_url}/metrics", timeout=10).text
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
                if sample.name == "baton_gateway_workers" and sample.labels.get("kind") == kind
@@ -113,10 +113,10 @@ def test_a_stream_whose_decode_worker_freezes_goes_on_on_another(mesh):
         assert chunks[-1].choices[0].finish_reason == "length"
         assert text + "".join(chunk.choices[0].text for chunk in chunks) == unmoved
         assert metric_value(mesh.gateway.base_url, "baton_gateway_decode_migrations_total") == migrations + 1
-        assert serving_decode_workers(mesh) == 1  # out of routing while it does not answer
+        assert serving_workers(mesh, "decode") == 1  # out of routing while it does not answer
     finally:
         frozen.proc.send_signal(signal.SIGCONT)
-    wait_until(lambda: serving_decode_workers(mesh) == 2, timeout_s=FOUND_WITHIN_S)
+    wait_until(lambda: serving_workers(mesh, "decode") == 2, timeout_s=FOUND_WITHIN_S)
     # Its stream from the gateway was closed while it was frozen: it ends it, and frees the pages.
     assert_decode_pools_free(mesh.decode, within_s=5)
 
@@ -124,7 +124,7 @@ def test_a_stream_whose_decode_worker_freezes_goes_on_on_another(mesh):
 def test_a_prompt_a_frozen_decode_worker_was_prefilling_itself_goes_to_another(mesh):
     """Short prompts are prefilled by their decode worker: one that freezes before the first token has
     given nothing out, so the prompt goes elsewhere, as one whose prefill worker went away does."""
-    wait_until(lambda: serving_decode_workers(mesh) == 2, timeout_s=FOUND_WITHIN_S)
+    wait_until(lambda: serving_workers(mesh, "decode") == 2, timeout_s=FOUND_WITHIN_S)
     client = client_of(mesh)
     migrations = metric_value(mesh.gateway.base_url, "baton_gateway_decode_migrations_total")
     frozen = mesh.decode[0]
@@ -139,7 +139,7 @@ def test_a_prompt_a_frozen_decode_worker_was_prefilling_itself_goes_to_another(m
         frozen.proc.send_signal(signal.SIGCONT)
     assert [reply.choices[0].finish_reason for reply in replies] == ["length", "length"]
     assert metric_value(mesh.gateway.base_url, "baton_gateway_decode_migrations_total") == migrations + 1
-    wait_until(lambda: serving_decode_workers(mesh) == 2, timeout_s=FOUND_WITHIN_S)
+    wait_until(lambda: serving_workers(mesh, "decode") == 2, timeout_s=FOUND_WITHIN_S)
     assert_decode_pools_free(mesh.decode, within_s=5)
 
 
@@ -147,7 +147,7 @@ def test_a_frozen_gateways_requests_are_ended_on_the_workers(mesh):
     """Its prompt's first token out, the prefill worker waits for decode pages (every one reserved
     here) when the gateway freezes: the prefill worker's pings go unanswered, it cancels the call and
     the Reserve waiting for it (which held its place there for --kv-reserve-wait-s, 30 s)."""
-    wait_until(lambda: serving_decode_workers(mesh) == 2, timeout_s=FOUND_WITHIN_S)
+    wait_until(lambda: serving_workers(mesh, "decode") == 2, timeout_s=FOUND_WITHIN_S)
     hogs = [decode_pb2_grpc.DecodeStub(decode.channel) for decode in mesh.decode]
     for hog in hogs:
         hog.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
@@ -167,7 +167,7 @@ def test_a_frozen_gateways_requests_are_ended_on_the_workers(mesh):
         for hog in hogs:
             hog.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5)
     assert_decode_pools_free(mesh.decode, within_s=5)
-    wait_until(lambda: serving_decode_workers(mesh) == 2, timeout_s=FOUND_WITHIN_S)
+    wait_until(lambda: serving_workers(mesh, "decode") == 2, timeout_s=FOUND_WITHIN_S)
     reply = client.completions.create(model=mesh.model_name, prompt="after", max_tokens=4)
     assert reply.choices[0].finish_reason == "length"
 
@@ -204,11 +204,11 @@ def test_long_prompts_are_encoded_by_the_gateway_while_no_tokenizer_service_answ
     mesh.tokenizer.proc.send_signal(signal.SIGSTOP)
     try:
         assert prompt_tokens() == by_service[0]  # its call given up on after two keepalive periods
-        wait_until(lambda: serving_decode_workers(mesh, "tokenizer") == 0, timeout_s=FOUND_WITHIN_S)
+        wait_until(lambda: serving_workers(mesh, "tokenizer") == 0, timeout_s=FOUND_WITHIN_S)
         assert httpx.get(f"{mesh.gateway.base_url}/health", timeout=10).status_code == 200
         assert (prompt_tokens(), tokens_api()) == by_service
     finally:
         mesh.tokenizer.proc.send_signal(signal.SIGCONT)
     # The generation requests' long prompts, and every tokenize and detokenize call once it was out of routing.
     assert metric_value(mesh.gateway.base_url, "baton_gateway_tokenizer_fallbacks_total") == fallbacks + 4 + 9
-    wait_until(lambda: serving_decode_workers(mesh, "tokenizer") == 1, timeout_s=FOUND_WITHIN_S)
+    wait_until(lambda: serving_workers(mesh, "tokenizer") == 1, timeout_s=FOUND_WITHIN_S)
