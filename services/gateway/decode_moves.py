@@ -8,7 +8,10 @@ past its first token (or before it, when that worker was prefilling the prompt i
   is not sent (ABORTED; protos/decode.proto's DecodeRequest): the least loaded serving decode worker, that one
   too, prefills it again itself, given them, as a preempted request is computed again where it is decoded
   (queued there while pages are short, where a prefill worker's reservation would be refused). Each such
-  resume makes a token at its prefill: no bound is needed.
+  resume makes a token at its prefill: no bound is needed;
+- its Decode call found its pages freed, their reservation's lease out before the call came (NOT_FOUND: a
+  gateway stalled as long, frozen or starved): prefilled again, for another serving decode worker or, where
+  there is none, the same one, at most MAX_LOST_HANDOFFS times.
 
 The workers take the output as the request's own, made elsewhere: its penalties, guide and seeded draws go on
 from it, as in a request that never moved. pipeline.py makes one `DecodeMoves` at a request's first move, so a
@@ -29,7 +32,7 @@ from services.gateway.request_bytes import BulkInputs
 from services.gateway.request_trace import RequestTrace
 from services.gateway.step_sources import StepSources
 from services.gateway.timeline import PhaseClock
-from services.gateway.worker_steps import Progress, Step, was_withheld, went_away
+from services.gateway.worker_steps import Progress, Step, lost_its_pages, was_withheld, went_away
 from services.gateway.workers import Worker, WorkerPool
 
 DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
@@ -39,7 +42,11 @@ DECODE_RESUMES = Counter("baton_gateway_decode_resumes_total",
                          "Requests a decode worker preempted and could not compute again without their images' "
                          "pixels or prompt rows, which it is not sent (ABORTED): prompt, images and output so far "
                          "prefilled again by the least loaded decode worker, given them")
+LOST_HANDOFFS = Counter("baton_gateway_lost_handoffs_total",
+                        "Requests whose KV pages their decode worker had freed before their Decode call came (the "
+                        "reservation's lease ran out: NOT_FOUND): prompt and output so far prefilled again")
 MAX_DECODE_MIGRATIONS = 2  # moves after a decode worker went away, at most, a request
+MAX_LOST_HANDOFFS = 2  # prefilled again after the pages were freed, at most, a request
 
 
 class DecodeMoves:
@@ -52,6 +59,7 @@ class DecodeMoves:
         self.decode = decode
         self.first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
         self.num_moves = 0
+        self.num_lost = 0  # handoffs whose pages were freed before the Decode call came
         self.gone: list[Worker] = []  # decode workers that went away mid-stream
         self.held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
         self.prefills_on_decode = False  # where it moved last, its decode worker prefills it itself
@@ -66,19 +74,28 @@ class DecodeMoves:
         if len(generated) >= params.max_tokens:
             return None
         is_resumed = was_withheld(error)
+        is_lost = False
         if is_resumed:
             gone, counter = self.gone, DECODE_RESUMES
         elif went_away(error) and len(self.gone) < MAX_DECODE_MIGRATIONS:
             gone, counter = [*self.gone, decode_worker], DECODE_MIGRATIONS
+        elif lost_its_pages(error) and self.num_lost < MAX_LOST_HANDOFFS:
+            gone, counter, is_lost = self.gone, LOST_HANDOFFS, True
         else:
             return None
-        moved_to = self.decode.pick_other(gone)
+        # Another worker first: one whose lease is shorter than the way from prefill to decode (its --lease-ms)
+        # frees every request's pages; the same one where there is no other, as it serves still.
+        moved_to = self.decode.pick_other([*gone, decode_worker]) if is_lost else self.decode.pick_other(gone)
+        if moved_to is None and is_lost and decode_worker.is_serving:
+            moved_to = decode_worker
         if moved_to is None:
             return None
         counter.inc()
         self.gone = gone
         self.num_moves += 1
-        decode_worker = self.held.enter_context(self.decode.hold(moved_to))
+        self.num_lost += is_lost
+        if moved_to is not decode_worker:  # the same one is held already, for the request
+            decode_worker = self.held.enter_context(self.decode.hold(moved_to))
         request_id = f"{self.first_id}~{self.num_moves}"
         continued = common_pb2.SamplingParams()
         continued.CopyFrom(params)

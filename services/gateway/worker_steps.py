@@ -110,6 +110,12 @@ def was_withheld(error: BaseException) -> bool:
     return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.ABORTED
 
 
+def lost_its_pages(error: BaseException) -> bool:
+    """A Decode call found no reservation for it: the pages prefill wrote were freed when the reservation's
+    lease ran out before the call came (a gateway stalled that long): NOT_FOUND."""
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.NOT_FOUND
+
+
 def went_away(error: BaseException) -> bool:
     """A worker's call ended because the worker is gone or going (it stopped, died, or its engine failed
     on another request): UNAVAILABLE."""

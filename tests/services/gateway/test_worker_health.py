@@ -33,10 +33,17 @@ from tests.services.gateway.mesh import (
     DECODE_KV_BLOCKS,
     GatewayProcess,
     assert_decode_pools_free,
+    metric_value,
     start_mesh,
     stop_mesh,
 )
-from tests.services.service_process import ServiceProcess, failing_step_worker, stop_processes, wait_all_serving
+from tests.services.service_process import (
+    ServiceProcess,
+    failing_step_worker,
+    metrics_address,
+    stop_processes,
+    wait_all_serving,
+)
 
 
 @pytest.fixture()
@@ -341,6 +348,44 @@ def test_streams_whose_decode_worker_dies_go_on_on_another(tiny_demo_model, layo
             assert metric(gateway, "baton_gateway_decode_migrations_total") == len(MOVED_STREAMS)
             assert texts == unmoved
             assert re.fullmatch("[a-z ]+", texts["guided"]) and len(set(unmoved.values())) == len(MOVED_STREAMS)
+            assert_decode_pools_free([other])
+        finally:
+            gateway.terminate()
+
+
+def test_a_request_whose_pages_were_freed_before_its_decode_call_is_prefilled_again(tiny_demo_model):
+    """Decode worker A's reservations expire 1 ms after they are made, before a Decode call can claim them
+    (NOT_FOUND), as a gateway stalled for a whole lease finds them: each request routed to A (every other
+    one: ties go in turn) has its prompt and first token prefilled again for B, and the client reads the
+    same greedy text as from a request B served from the start, streamed or not; no page stays reserved."""
+    with processes() as started:
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
+        prefill = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128", wait=False)
+        short_lease, other = (ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks",
+                                             str(DECODE_KV_BLOCKS), "--lease-ms", lease_ms, wait=False)
+                              for lease_ms in ("1", "10000"))
+        wait_serving(started, [tokenizer, prefill, short_lease, other])
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [prefill.address],
+                                 [short_lease.address, other.address], "--local-prefill-max-tokens", "0")
+        try:
+            client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+            def read(stream: bool) -> str:
+                reply = client.completions.create(model=tiny_demo_model.name, prompt="Once upon a time",
+                                                  max_tokens=24, temperature=0, stream=stream,
+                                                  extra_body={"ignore_eos": True})
+                return "".join(chunk.choices[0].text for chunk in reply) if stream else reply.choices[0].text
+
+            texts = [read(stream) for stream in (False, False, True, True)]
+            assert len(set(texts)) == 1, texts
+            lost = metric(gateway, "baton_gateway_lost_handoffs_total")
+            expired = f"http://{metrics_address(short_lease)}"
+            errors = httpx.get(f"{expired}/metrics", timeout=5).text
+            assert lost >= 1
+            for reason in ("lease_expired", "reservation_not_found"):
+                assert lost == float(re.search(rf'^baton_request_errors_total{{[^}}]*reason="{reason}"[^}}]*}} (\S+)$',
+                                               errors, re.M).group(1))
+            assert metric_value(expired, "baton_kv_pages_used") == 0  # a probe's reservation would expire at once
             assert_decode_pools_free([other])
         finally:
             gateway.terminate()
