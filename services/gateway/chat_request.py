@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from services.gateway.chat_messages import ChatMessage
-from services.gateway.errors import APIError, FieldError
+from services.gateway.errors import FieldError, validation_error
 from services.gateway.openai_protocol import MAX_LOGPROBS, UINT32_MAX, SamplingFields
 from services.gateway.tool_calls import ForcedToolCall, effective_tool_choice, forced_tool_call
 from services.tokenizer.chat_template import ChatOptions, check_template_kwargs
@@ -112,7 +112,4 @@ def chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        field = ".".join(str(p) for p in first.get("loc", ()))
-        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-        raise APIError(400, f"{field}: {message}" if field else message, param=field or None) from None
+        raise validation_error(e) from None

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from services.gateway.request_errors import ContextLengthError, InvalidRequestError, OverloadedError
 from services.gateway.workers import NoHealthyWorkerError
@@ -88,8 +89,9 @@ class FieldError(ValueError):
         self.param = param
 
 
-def validation_error(e: RequestValidationError) -> APIError:
-    """One 400 naming the first bad field, in OpenAI's words where it has them."""
+def validation_error(e: RequestValidationError | ValidationError) -> APIError:
+    """One 400 naming the first bad field, in OpenAI's words where it has them: of a body as the route
+    read it, or as another API's request made into one of the routes' (chat_request.py)."""
     errors = e.errors()
     if not errors:
         return APIError(400, "invalid request body")

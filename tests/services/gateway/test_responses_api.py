@@ -336,6 +336,10 @@ def test_the_gateways_own_store_keeps_the_most_recent_for_their_time():
     ({"input": [{"type": "web_search_call"}]}, 400, "input[0]"),
     ({"tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ({"text": {"format": "json"}}, 400, "text.format"),
+    # chat's model-level checks, named too: a schema that cannot be compiled, a second structured output
+    ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nonsense"}}}}, 400, "text.format"),
+    ({"text": {"format": {"type": "json_object"}}, "tools": [TIME_TOOL], "tool_choice": "required"}, 400,
+     "tool_choice"),
     ({"temperature": -1}, 400, "temperature"),
     ({"max_output_tokens": 0}, 400, "max_output_tokens"),  # chat's max_completion_tokens, named as asked
     ({"reasoning": {"effort": "enormous"}}, 400, "reasoning.effort"),
