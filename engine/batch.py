@@ -13,8 +13,6 @@ class ScheduledBatch:
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
-    # Pages to copy before the step (copy-on-write after a fork): (src, dst) block ids.
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, seq: Sequence, num_new_tokens: int) -> None:
         self.seqs.append(seq)

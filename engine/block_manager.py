@@ -1,7 +1,8 @@
 """`BlockManager`: which sequences hold which KV pages, and how many hold each. The pages come from
 its pool (engine/block_pool.py); its prefix cache (engine/prefix_cache.py) names the pages that
 hold cached blocks, its reservations (engine/reservations.py) the pages set aside for remote prefill.
-Pages it shares are copied before they are written (engine/copy_on_write.py)."""
+The pages it shares are full blocks of computed tokens, which no sequence writes again: a prompt's cached
+prefix stops short of its last token, computed for the next token's logits."""
 from __future__ import annotations
 
 from collections.abc import Sequence as TokenIds
@@ -10,7 +11,6 @@ from typing import TYPE_CHECKING
 from engine.block import Block
 from engine.block_integrity import check_block_integrity
 from engine.block_pool import BlockPool
-from engine.copy_on_write import CopyPairs, copy_shared_to_write, fork_block_table, num_shared_to_write
 from engine.free_queue import MAX_CHANCES
 from engine.kv_block_residency import KVBlockResidency
 from engine.kv_event_log import KVEvent
@@ -25,14 +25,13 @@ if TYPE_CHECKING:
 class BlockManager:
     """Hands out pages to sequences and shares identical full blocks between them.
 
-    Contract: a sequence gets pages from `allocate` (or `fork`), grows them with
+    Contract: a sequence gets pages from `allocate` (or `adopt`), grows them with
     `append_slot` and gives them back with `free`; callers ask the paired
     `can_*` first, and an act that cannot be satisfied raises RuntimeError
     before changing anything. Every block is either referenced (ref_count > 0)
     or in the free queue, whose head is evicted first (least recently freed),
     with more chances (GCLOCK) for a cached block that served prefix hits.
-    Pages that are shared are never written: `append_slot` and `fork` return
-    the copies that keep it so. Never touches a tensor.
+    Never touches a tensor.
     """
 
     def __init__(
@@ -210,55 +209,20 @@ class BlockManager:
         self.num_prefix_hit_tokens += seq.num_cached_tokens
 
     def _num_append_blocks(self, seq: Sequence) -> int:
-        # Shared blocks about to be written need a private copy; missing slots need a block.
-        return num_shared_to_write(self.blocks, seq, self.block_size) + max(0, seq.num_blocks - len(seq.block_table))
+        return max(0, seq.num_blocks - len(seq.block_table))
 
     def can_append_slot(self, seq: Sequence) -> bool:
         return self._num_append_blocks(seq) <= self.num_free_blocks
 
-    def append_slot(self, seq: Sequence) -> CopyPairs:
-        """Make every uncomputed token of `seq` writable: a slot for each, none shared.
-
-        Returns the (src, dst) copies for blocks that were shared (after a fork)
-        and are now private to `seq`; usually empty.
-        """
+    def append_slot(self, seq: Sequence) -> None:
+        """Give every uncomputed token of `seq` a slot."""
         if seq.request_id not in self._seqs:
             raise ValueError(f"{seq.request_id!r} holds no blocks: allocate it first")
-        if self._num_append_blocks(seq) > self.num_free_blocks:
+        num_missing = self._num_append_blocks(seq)
+        if num_missing > self.num_free_blocks:
             raise RuntimeError(f"not enough free KV blocks to append to {seq.request_id!r}")
-        table = seq.block_table
-        copies = copy_shared_to_write(self.pool, seq, self.block_size)
         # Usually one block, the LRU head; several (a long chunk) come as runs.
-        table.extend(self.pool.take_free_blocks(max(0, seq.num_blocks - len(table))))
-        return copies
-
-    def can_fork(self, parent: Sequence) -> bool:
-        # Only the partially filled tail needs a fresh block, and the states their own.
-        return max(0, len(parent.block_table) - parent.num_full_blocks) + self.num_state_blocks <= self.num_free_blocks
-
-    def fork(self, parent: Sequence, child: Sequence) -> CopyPairs:
-        """Give `child` (same tokens as `parent`, no pages) the parent's KV.
-
-        Full blocks are shared; the partially filled tail is copied into a
-        fresh block. Returns the (src, dst) copies.
-        """
-        if parent.request_id not in self._seqs:
-            raise ValueError(f"{parent.request_id!r} holds no blocks")
-        if child.block_table or child.request_id in self._seqs:
-            raise ValueError(f"{child.request_id!r} already holds blocks")
-        if child.token_ids != parent.token_ids:
-            raise ValueError("a forked child must start with its parent's tokens")
-        if not self.can_fork(parent):
-            raise RuntimeError(f"not enough free KV blocks to fork {parent.request_id!r}")
-        num_shared = min(parent.num_full_blocks, len(parent.block_table))
-        child.block_table, copies = fork_block_table(self.pool, parent.block_table, num_shared)
-        if self.num_state_blocks:  # the parent's states go on in the child's own pages
-            child.state_blocks = self.pool.take_free_blocks(self.num_state_blocks)
-            copies = [*copies, *zip(parent.state_blocks, child.state_blocks)]
-        child.num_computed_tokens = parent.num_computed_tokens
-        self._seqs[child.request_id] = child
-        self._seq_hashes[child.request_id] = self._seq_hashes[parent.request_id][:num_shared]
-        return copies
+        seq.block_table.extend(self.pool.take_free_blocks(num_missing))
 
     def free(self, seq: Sequence) -> None:
         """Release a sequence's pages; a no-op for one that holds none."""

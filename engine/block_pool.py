@@ -42,7 +42,7 @@ class BlockPool:
         does not matter to the cache; their order does to copies of them: ascending ids on both
         ends of a KV transfer make runs that copy as one slice each."""
         if n > len(self.free_block_ids):
-            raise RuntimeError("no free KV block: check can_allocate/can_append_slot/can_fork first")
+            raise RuntimeError("no free KV block: check can_allocate/can_append_slot first")
         return sorted(self._claim(b) for b in self.free_block_ids.next_to_evict(n))
 
     def take_free_runs(self, n: int) -> list[int]:

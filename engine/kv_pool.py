@@ -137,15 +137,6 @@ class KVPool:
                              f"got {self.tensor.dtype} {tuple(self.tensor.shape)}")
         self.layers = [(self.tensor[i, 0, heads], self.tensor[i, 1, heads]) for i in range(config.num_kv_layers)]
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        if not pairs:
-            return
-        src = torch.tensor([s for s, _ in pairs], device=self.tensor.device)
-        dst = torch.tensor([d for _, d in pairs], device=self.tensor.device)
-        # Block dim is 3 of [L, 2, Hkv, N, bs, D]; fp8 pages copied as bytes (torch has no fp8 index_put).
-        pages = self.tensor.view(torch.uint8) if self.tensor.element_size() == 1 else self.tensor
-        pages[:, :, :, dst] = pages[:, :, :, src]
-
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
     # Pages must start finite (masked padding still flows through P @ V), but

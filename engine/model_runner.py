@@ -255,7 +255,6 @@ class ModelRunner:
         drafts' features). A model whose vocabulary is split has its other ranks make their logits for them too:
         `forward` makes rank 0's."""
         pool = self.kv_pool
-        pool.copy_blocks(batch.block_copies)
         input_ids, positions, meta, sample_rows, sampled_seqs, prompt_rows, embed_rows, token_rows, given, \
             seq_rows = self._prepare(batch, pool.block_size)
         if self.loras:

@@ -153,7 +153,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                batch.block_copies += bm.append_slot(seq)
+                bm.append_slot(seq)
                 num_new = self._num_new(seq, budget)
                 batch.add(seq, num_new)
                 budget -= num_new
@@ -172,7 +172,7 @@ class Scheduler:
             if seq.block_table:  # handed over with its pages (add_running): a slot for its next token
                 if not bm.can_append_slot(seq):
                     break
-                batch.block_copies += bm.append_slot(seq)
+                bm.append_slot(seq)
             else:
                 if not bm.can_allocate(seq):
                     break

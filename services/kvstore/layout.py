@@ -44,23 +44,6 @@ class PageLayout:
         if not isinstance(self.fingerprint, bytes):
             raise ValueError(f"PageLayout.fingerprint must be bytes, got {type(self.fingerprint).__name__}")
 
-    @classmethod
-    def from_model_config(
-        cls, config, num_blocks: int, block_size: int, dtype, fingerprint: bytes
-    ) -> PageLayout:
-        """`config` is an engine.model_config.ModelConfig (duck-typed: no engine import needed);
-        `dtype` a torch dtype or its name."""
-        dtype_name = str(dtype).removeprefix("torch.")
-        return cls(
-            num_layers=config.num_layers,
-            num_kv_heads=config.num_kv_heads,
-            block_size=block_size,
-            head_dim=config.head_dim,
-            dtype=dtype_name,
-            num_blocks=num_blocks,
-            fingerprint=fingerprint,
-        )
-
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
         # [L, 2, Hkv, N, bs, D], as engine/kv_pool.py

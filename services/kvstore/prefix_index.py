@@ -146,29 +146,3 @@ class PrefixIndex:
         ids = list(counts)
         held = await self._match(keys=[self.key(h) for h in block_hashes], args=[repr(time.time()), *ids])
         return dict(zip(ids, (int(n) for n in held)))
-
-    async def match_any(self, block_hashes: Sequence[int]) -> dict[str, int]:
-        """Like `match`, for every instance holding at least the first block (none listed: 0s omitted)."""
-        if not block_hashes:
-            return {}
-        now = time.time()
-        pipe = self.redis.pipeline(transaction=False)
-        for h in block_hashes:
-            pipe.zrangebyscore(self.key(h), f"({now}", "+inf")
-        rows = await pipe.execute()
-        counts: dict[str, int] = {}
-        alive = {_text(m) for m in rows[0]}
-        for depth, members in enumerate(rows):
-            holders = {_text(m) for m in members}
-            for instance_id in alive - holders:
-                counts[instance_id] = depth
-            alive &= holders
-            if not alive:
-                break
-        for instance_id in alive:
-            counts[instance_id] = len(rows)
-        return counts
-
-
-def _text(member: bytes | str) -> str:
-    return member.decode() if isinstance(member, bytes) else member

@@ -52,7 +52,6 @@ def test_match_counts_leading_blocks_and_a_gap_ends_the_count(redis_server):
         await index.publish("b", [H[0], H[2], H[3]])  # lacks H[1]: H[2:] are useless to it
         await other_model.publish("c", H)
         assert await index.match(H, ["a", "b", "c", "nobody"]) == {"a": 3, "b": 1, "c": 0, "nobody": 0}
-        assert await index.match_any(H) == {"a": 3, "b": 1}
         assert await other_model.match(H, ["a", "c"]) == {"a": 0, "c": 4}
         assert await index.match([], ["a"]) == {"a": 0}
         assert await index.match(H, []) == {}

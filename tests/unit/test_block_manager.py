@@ -207,7 +207,7 @@ def test_only_full_computed_blocks_are_registered_including_decoded_ones():
     for token in (10, 11, 12):
         a.append_token(token)
         assert mgr.can_append_slot(a)
-        assert mgr.append_slot(a) == []
+        mgr.append_slot(a)
         compute(mgr, a)
     assert a.block_table == [0, 1, 2, 3]  # a block is added only on the boundary
     assert [mgr.blocks[i].hash for i in a.block_table[:3]] == hash_block_chain(list(range(12)), BS)
@@ -223,32 +223,6 @@ def test_identical_content_keeps_the_first_registration():
     compute(mgr, b)
     assert sorted(mgr.hash_to_block_id.values()) == [0, 1]
     assert [mgr.blocks[i].hash for i in b.block_table] == [None, None, None]
-    mgr.check_integrity()
-
-
-def test_fork_shares_full_blocks_and_copies_the_tail():
-    mgr = BlockManager(8, BS)
-    parent = admitted(mgr, "p", range(6), computed=True)
-    child = make_seq("c", range(6))
-    assert mgr.fork(parent, child) == [(1, 2)]
-    assert (child.block_table, child.num_computed_tokens) == ([0, 2], 6)
-    assert refs(mgr)[:3] == [2, 1, 1]
-    mgr.free(parent)
-    assert refs(mgr)[:3] == [1, 0, 1]
-    mgr.check_integrity()
-
-
-def test_copy_on_write_when_a_shared_block_is_written():
-    mgr = BlockManager(8, BS)
-    parent = admitted(mgr, "p", range(8))
-    compute(mgr, parent, 7)  # block 1 is full but its last slot is not written yet
-    child = make_seq("c", range(8))
-    assert mgr.fork(parent, child) == []
-    assert (child.block_table, refs(mgr)[:2]) == ([0, 1], [2, 2])
-    assert mgr.append_slot(parent) == [(1, 2)]
-    assert (parent.block_table, refs(mgr)[:3]) == ([0, 2], [2, 1, 1])
-    assert mgr.append_slot(child) == []  # block 1 is the child's alone now
-    assert child.block_table == [0, 1]
     mgr.check_integrity()
 
 
@@ -269,21 +243,18 @@ def test_out_of_blocks_raises_before_changing_anything():
 
 def test_a_hybrid_models_sequence_holds_state_pages_beside_its_tokens():
     """Each sequence of a hybrid model takes `num_state_blocks` pages of its own for its recurrent states: counted
-    before it is admitted, copied to a forked child, handed over with a reservation (its last pages), freed."""
+    before it is admitted, handed over with a reservation (its last pages), freed."""
     mgr = BlockManager(12, BS, enable_prefix_caching=False, num_state_blocks=2)
     assert not mgr.can_allocate(make_seq("big", range(4 * 11)))  # 11 pages of tokens, 2 of states: 13 of 12
     a = admitted(mgr, "a", range(6), computed=True)
     assert (a.block_table, a.state_blocks) == ([0, 1], [2, 3])
-    child = make_seq("c", range(6))
-    assert mgr.fork(a, child) == [(1, 4), (2, 5), (3, 6)]  # the tail page, then each state page
-    assert (child.block_table, child.state_blocks) == ([0, 4], [5, 6])
-    assert mgr.reserve("r", 3 + 2) == [7, 8, 9, 10, 11]  # a 12-token prompt's pages and its states'
+    assert mgr.reserve("r", 3 + 2) == [4, 5, 6, 7, 8]  # a 12-token prompt's pages and its states'
     seq = make_seq("r", range(12))
     seq.num_computed_tokens = 12
     mgr.adopt("r", seq)
-    assert (seq.block_table, seq.state_blocks) == ([7, 8, 9], [10, 11])
+    assert (seq.block_table, seq.state_blocks) == ([4, 5, 6], [7, 8])
     mgr.check_integrity()
-    for held in (a, child, seq):
+    for held in (a, seq):
         mgr.free(held)
     assert mgr.num_free_blocks == 12 and refs(mgr) == [0] * 12
     mgr.check_integrity()
@@ -389,10 +360,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.live[seq.request_id] = seq
         return True
 
-    def _copy(self, copies) -> None:
-        for src, dst in copies:
-            self.pages[dst] = list(self.pages[src])
-
     # Common prefixes and a three-token alphabet make hits and duplicate blocks likely.
     @rule(
         prefix=st.sampled_from([[], [0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 2, 2, 2, 2, 1]]),
@@ -417,7 +384,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             seq.append_token(token)
         if not self.mgr.can_append_slot(seq):
             return
-        self._copy(self.mgr.append_slot(seq))
+        self.mgr.append_slot(seq)
         num_new = data.draw(st.integers(1, seq.num_uncomputed_tokens))
         for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + num_new):
             block = self.mgr.blocks[seq.block_table[pos // BS]]
@@ -453,17 +420,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.pages[block_ids[pos // BS]][pos % BS] = token
         self.mgr.adopt(rid, seq)
         self.live[rid] = seq
-
-    @precondition(lambda self: self.live)
-    @rule(data=st.data())
-    def fork(self, data):
-        parent = data.draw(st.sampled_from(list(self.live.values())))
-        if not self.mgr.can_fork(parent):
-            return
-        child = make_seq(f"r{next(self.ids)}", parent.token_ids)
-        self._copy(self.mgr.fork(parent, child))
-        assert child.block_table[: parent.num_full_blocks] == parent.block_table[: parent.num_full_blocks]
-        self.live[child.request_id] = child
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), preempt=st.booleans())

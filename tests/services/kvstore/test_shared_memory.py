@@ -191,15 +191,6 @@ def test_layout_properties_and_check_compatible():
         make_layout(dtype="int8")
 
 
-def test_layout_from_model_config():
-    from types import SimpleNamespace
-
-    config = SimpleNamespace(num_layers=4, num_kv_heads=2, head_dim=64)
-    layout = PageLayout.from_model_config(config, num_blocks=7, block_size=16, dtype=torch.float16,
-                                          fingerprint=FINGERPRINT)
-    assert layout == PageLayout(4, 2, 16, 64, "float16", 7, FINGERPRINT)
-
-
 def test_copy_pages_validates():
     src = torch.zeros(make_layout(num_blocks=4).shape, dtype=torch.bfloat16)
     dst = torch.zeros(make_layout(num_blocks=6).shape, dtype=torch.bfloat16)
