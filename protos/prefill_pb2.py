@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/prefill.proto\x12\x10\x62\x61ton.prefill.v1\x1a\x13protos/common.proto\"\x9e\x02\n\x08KVTarget\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x11\n\tblock_ids\x18\x03 \x03(\x05\x12/\n\ttransport\x18\x04 \x01(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12)\n\x06layout\x18\x06 \x01(\x0b\x32\x19.baton.common.v1.KVLayout\x12\x17\n\x0f\x63uda_ipc_handle\x18\x07 \x01(\x0c\x12\x16\n\x0e\x64\x65\x63ode_host_id\x18\x08 \x01(\t\x12\x30\n\ntransports\x18\t \x03(\x0e\x32\x1c.baton.common.v1.KVTransport\"\xe5\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12*\n\x06target\x18\x04 \x01(\x0b\x32\x1a.baton.prefill.v1.KVTarget\x12\x33\n\thost_tier\x18\x05 \x01(\x0b\x32 .baton.prefill.v1.HostTierSource\x12\x18\n\x10output_token_ids\x18\x06 \x03(\x05\"5\n\x0eHostTierSource\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\"\xdb\x02\n\x0ePrefillTimings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\x12\x1b\n\x13kv_transfer_seconds\x18\x03 \x01(\x01\x12\x19\n\x11kv_transfer_bytes\x18\x04 \x01(\x04\x12\x32\n\x0ckv_transport\x18\x05 \x01(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x1e\n\x16host_tier_read_seconds\x18\x06 \x01(\x01\x12\x15\n\radmit_seconds\x18\x07 \x01(\x01\x12\x1d\n\x15received_monotonic_ns\x18\x08 \x01(\x03\x12%\n\x1d\x66irst_token_sent_monotonic_ns\x18\t \x01(\x03\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x1f\n\x17kv_transfer_early_bytes\x18\x0b \x01(\x04\"\xe3\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12.\n\x08logprobs\x18\x02 \x01(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x31\n\x07timings\x18\x04 \x01(\x0b\x32 .baton.prefill.v1.PrefillTimings\x12\x34\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12\x16\n\x0ereservation_id\x18\x06 \x01(\t\x12\x1c\n\x14num_host_tier_tokens\x18\x07 \x01(\r\x12\x35\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x17\n\x0f\x64raft_token_ids\x18\t \x03(\x05\"\x81\x01\n\x0cPrefillEvent\x12\x38\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32!.baton.prefill.v1.PrefillResponseH\x00\x12.\n\x07handoff\x18\x02 \x01(\x0b\x32\x1b.baton.prefill.v1.KVHandoffH\x00\x42\x07\n\x05\x65vent\"V\n\tKVHandoff\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x31\n\x07timings\x18\x02 \x01(\x0b\x32 .baton.prefill.v1.PrefillTimings2\x88\x02\n\x07Prefill\x12N\n\x07Prefill\x12 .baton.prefill.v1.PrefillRequest\x1a!.baton.prefill.v1.PrefillResponse\x12S\n\rPrefillStream\x12 .baton.prefill.v1.PrefillRequest\x1a\x1e.baton.prefill.v1.PrefillEvent0\x01\x12X\n\x10PrefillPreopened\x12 .baton.prefill.v1.PrefillRequest\x1a\x1e.baton.prefill.v1.PrefillEvent(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14protos/prefill.proto\x12\x10\x62\x61ton.prefill.v1\x1a\x13protos/common.proto\"\xb7\x02\n\x08KVTarget\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x01 \x01(\t\x12\x16\n\x0ereservation_id\x18\x02 \x01(\t\x12\x11\n\tblock_ids\x18\x03 \x03(\x05\x12/\n\ttransport\x18\x04 \x01(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x10\n\x08shm_name\x18\x05 \x01(\t\x12)\n\x06layout\x18\x06 \x01(\x0b\x32\x19.baton.common.v1.KVLayout\x12\x17\n\x0f\x63uda_ipc_handle\x18\x07 \x01(\x0c\x12\x16\n\x0e\x64\x65\x63ode_host_id\x18\x08 \x01(\t\x12\x30\n\ntransports\x18\t \x03(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x17\n\x0freserve_at_once\x18\n \x01(\x08\"\xe5\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\x08sampling\x18\x03 \x01(\x0b\x32\x1f.baton.common.v1.SamplingParams\x12*\n\x06target\x18\x04 \x01(\x0b\x32\x1a.baton.prefill.v1.KVTarget\x12\x33\n\thost_tier\x18\x05 \x01(\x0b\x32 .baton.prefill.v1.HostTierSource\x12\x18\n\x10output_token_ids\x18\x06 \x03(\x05\"5\n\x0eHostTierSource\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\nnum_blocks\x18\x02 \x01(\r\"\xdb\x02\n\x0ePrefillTimings\x12\x15\n\rqueue_seconds\x18\x01 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\x12\x1b\n\x13kv_transfer_seconds\x18\x03 \x01(\x01\x12\x19\n\x11kv_transfer_bytes\x18\x04 \x01(\x04\x12\x32\n\x0ckv_transport\x18\x05 \x01(\x0e\x32\x1c.baton.common.v1.KVTransport\x12\x1e\n\x16host_tier_read_seconds\x18\x06 \x01(\x01\x12\x15\n\radmit_seconds\x18\x07 \x01(\x01\x12\x1d\n\x15received_monotonic_ns\x18\x08 \x01(\x03\x12%\n\x1d\x66irst_token_sent_monotonic_ns\x18\t \x01(\x03\x12\x0f\n\x07host_id\x18\n \x01(\t\x12\x1f\n\x17kv_transfer_early_bytes\x18\x0b \x01(\x04\"\xe3\x02\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12.\n\x08logprobs\x18\x02 \x01(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x19\n\x11num_cached_tokens\x18\x03 \x01(\r\x12\x31\n\x07timings\x18\x04 \x01(\x0b\x32 .baton.prefill.v1.PrefillTimings\x12\x34\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1d.baton.common.v1.FinishReason\x12\x16\n\x0ereservation_id\x18\x06 \x01(\t\x12\x1c\n\x14num_host_tier_tokens\x18\x07 \x01(\r\x12\x35\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1c.baton.common.v1.TopLogprobs\x12\x17\n\x0f\x64raft_token_ids\x18\t \x03(\x05\"\x81\x01\n\x0cPrefillEvent\x12\x38\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32!.baton.prefill.v1.PrefillResponseH\x00\x12.\n\x07handoff\x18\x02 \x01(\x0b\x32\x1b.baton.prefill.v1.KVHandoffH\x00\x42\x07\n\x05\x65vent\"V\n\tKVHandoff\x12\x16\n\x0ereservation_id\x18\x01 \x01(\t\x12\x31\n\x07timings\x18\x02 \x01(\x0b\x32 .baton.prefill.v1.PrefillTimings2\x88\x02\n\x07Prefill\x12N\n\x07Prefill\x12 .baton.prefill.v1.PrefillRequest\x1a!.baton.prefill.v1.PrefillResponse\x12S\n\rPrefillStream\x12 .baton.prefill.v1.PrefillRequest\x1a\x1e.baton.prefill.v1.PrefillEvent0\x01\x12X\n\x10PrefillPreopened\x12 .baton.prefill.v1.PrefillRequest\x1a\x1e.baton.prefill.v1.PrefillEvent(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,19 +33,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.prefill_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_KVTARGET']._serialized_start=64
-  _globals['_KVTARGET']._serialized_end=350
-  _globals['_PREFILLREQUEST']._serialized_start=353
-  _globals['_PREFILLREQUEST']._serialized_end=582
-  _globals['_HOSTTIERSOURCE']._serialized_start=584
-  _globals['_HOSTTIERSOURCE']._serialized_end=637
-  _globals['_PREFILLTIMINGS']._serialized_start=640
-  _globals['_PREFILLTIMINGS']._serialized_end=987
-  _globals['_PREFILLRESPONSE']._serialized_start=990
-  _globals['_PREFILLRESPONSE']._serialized_end=1345
-  _globals['_PREFILLEVENT']._serialized_start=1348
-  _globals['_PREFILLEVENT']._serialized_end=1477
-  _globals['_KVHANDOFF']._serialized_start=1479
-  _globals['_KVHANDOFF']._serialized_end=1565
-  _globals['_PREFILL']._serialized_start=1568
-  _globals['_PREFILL']._serialized_end=1832
+  _globals['_KVTARGET']._serialized_end=375
+  _globals['_PREFILLREQUEST']._serialized_start=378
+  _globals['_PREFILLREQUEST']._serialized_end=607
+  _globals['_HOSTTIERSOURCE']._serialized_start=609
+  _globals['_HOSTTIERSOURCE']._serialized_end=662
+  _globals['_PREFILLTIMINGS']._serialized_start=665
+  _globals['_PREFILLTIMINGS']._serialized_end=1012
+  _globals['_PREFILLRESPONSE']._serialized_start=1015
+  _globals['_PREFILLRESPONSE']._serialized_end=1370
+  _globals['_PREFILLEVENT']._serialized_start=1373
+  _globals['_PREFILLEVENT']._serialized_end=1502
+  _globals['_KVHANDOFF']._serialized_start=1504
+  _globals['_KVHANDOFF']._serialized_end=1590
+  _globals['_PREFILL']._serialized_start=1593
+  _globals['_PREFILL']._serialized_end=1857
 # @@protoc_insertion_point(module_scope)

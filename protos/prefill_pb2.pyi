@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class KVTarget(_message.Message):
-    __slots__ = ("decode_address", "reservation_id", "block_ids", "transport", "shm_name", "layout", "cuda_ipc_handle", "decode_host_id", "transports")
+    __slots__ = ("decode_address", "reservation_id", "block_ids", "transport", "shm_name", "layout", "cuda_ipc_handle", "decode_host_id", "transports", "reserve_at_once")
     DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class KVTarget(_message.Message):
     CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
     DECODE_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    RESERVE_AT_ONCE_FIELD_NUMBER: _ClassVar[int]
     decode_address: str
     reservation_id: str
     block_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -27,7 +28,8 @@ class KVTarget(_message.Message):
     cuda_ipc_handle: bytes
     decode_host_id: str
     transports: _containers.RepeatedScalarFieldContainer[_common_pb2.KVTransport]
-    def __init__(self, decode_address: _Optional[str] = ..., reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., shm_name: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., cuda_ipc_handle: _Optional[bytes] = ..., decode_host_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KVTransport, str]]] = ...) -> None: ...
+    reserve_at_once: bool
+    def __init__(self, decode_address: _Optional[str] = ..., reservation_id: _Optional[str] = ..., block_ids: _Optional[_Iterable[int]] = ..., transport: _Optional[_Union[_common_pb2.KVTransport, str]] = ..., shm_name: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., cuda_ipc_handle: _Optional[bytes] = ..., decode_host_id: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[_common_pb2.KVTransport, str]]] = ..., reserve_at_once: _Optional[bool] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "sampling", "target", "host_tier", "output_token_ids")

@@ -11,7 +11,12 @@ past its first token (or before it, when that worker was prefilling the prompt i
   resume makes a token at its prefill: no bound is needed;
 - its Decode call found its pages freed, their reservation's lease out before the call came (NOT_FOUND: a
   gateway stalled as long, frozen or starved): prefilled again, for another serving decode worker or, where
-  there is none, the same one, at most MAX_LOST_HANDOFFS times.
+  there is none, the same one, at most MAX_LOST_HANDOFFS times;
+- its decode worker had too few free pages for it within the prefill worker's wait (RESOURCE_EXHAUSTED,
+  after the first token): prefilled again for another serving decode worker it has not tried, whose pages
+  are reserved only if free now (it waited once already), as long as there is one; where none is left the
+  refusal stands (429). Routing counts a worker's requests, not its pages: one decode worker may be full
+  of long contexts while another has room.
 
 The workers take the output as the request's own, made elsewhere: its penalties, guide and seeded draws go on
 from it, as in a request that never moved. pipeline.py makes one `DecodeMoves` at a request's first move, so a
@@ -32,7 +37,7 @@ from services.gateway.request_bytes import BulkInputs
 from services.gateway.request_trace import RequestTrace
 from services.gateway.step_sources import StepSources
 from services.gateway.timeline import PhaseClock
-from services.gateway.worker_steps import Progress, Step, lost_its_pages, was_withheld, went_away
+from services.gateway.worker_steps import Progress, Step, found_no_pages, lost_its_pages, was_withheld, went_away
 from services.gateway.workers import Worker, WorkerPool
 
 DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
@@ -47,6 +52,10 @@ LOST_HANDOFFS = Counter("baton_gateway_lost_handoffs_total",
                         "reservation's lease ran out: NOT_FOUND): prompt and output so far prefilled again")
 MAX_DECODE_MIGRATIONS = 2  # moves after a decode worker went away, at most, a request
 MAX_LOST_HANDOFFS = 2  # prefilled again after the pages were freed, at most, a request
+FULL_DECODE_MOVES = Counter("baton_gateway_full_decode_moves_total",
+                            "Requests moved to another decode worker because theirs had too few free pages for "
+                            "them within the prefill worker's wait (RESOURCE_EXHAUSTED): prompt and output so far "
+                            "prefilled again, reserving there only what is free at once")
 
 
 class DecodeMoves:
@@ -61,6 +70,7 @@ class DecodeMoves:
         self.num_moves = 0
         self.num_lost = 0  # handoffs whose pages were freed before the Decode call came
         self.gone: list[Worker] = []  # decode workers that went away mid-stream
+        self.full: list[Worker] = []  # decode workers that had no pages for it
         self.held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
         self.prefills_on_decode = False  # where it moved last, its decode worker prefills it itself
 
@@ -74,20 +84,28 @@ class DecodeMoves:
         if len(generated) >= params.max_tokens:
             return None
         is_resumed = was_withheld(error)
-        is_lost = False
+        is_lost = is_full = False
         if is_resumed:
             gone, counter = self.gone, DECODE_RESUMES
         elif went_away(error) and len(self.gone) < MAX_DECODE_MIGRATIONS:
             gone, counter = [*self.gone, decode_worker], DECODE_MIGRATIONS
         elif lost_its_pages(error) and self.num_lost < MAX_LOST_HANDOFFS:
             gone, counter, is_lost = self.gone, LOST_HANDOFFS, True
+        elif found_no_pages(error) and self.steps.prefill is not None:  # a worker's own prefill queues instead
+            gone, counter, is_full = self.gone, FULL_DECODE_MOVES, True
         else:
             return None
-        # Another worker first: one whose lease is shorter than the way from prefill to decode (its --lease-ms)
-        # frees every request's pages; the same one where there is no other, as it serves still.
-        moved_to = self.decode.pick_other([*gone, decode_worker]) if is_lost else self.decode.pick_other(gone)
-        if moved_to is None and is_lost and decode_worker.is_serving:
-            moved_to = decode_worker
+        if is_full:
+            self.full.append(decode_worker)
+            moved_to = self.decode.pick_other([*gone, *self.full])
+        elif is_lost:
+            # Another worker first: one whose lease is shorter than the way from prefill to decode (its --lease-ms)
+            # frees every request's pages; the same one where there is no other, as it serves still.
+            moved_to = self.decode.pick_other([*gone, decode_worker])
+            if moved_to is None and decode_worker.is_serving:
+                moved_to = decode_worker
+        else:
+            moved_to = self.decode.pick_other(gone)
         if moved_to is None:
             return None
         counter.inc()
@@ -101,9 +119,14 @@ class DecodeMoves:
         continued.CopyFrom(params)
         continued.ClearField("prompt_logprobs")
         self.prefills_on_decode = is_resumed or self.steps.prefill is None
-        steps = self.steps.local if self.prefills_on_decode else self.steps.disaggregated
-        return decode_worker, request_id, steps(request_id, prompt, continued, moved_to, progress, clock, spans,
-                                                NO_LOOKUP, lambda call: None, generated, bulk)
+        if self.prefills_on_decode:
+            steps = self.steps.local(request_id, prompt, continued, moved_to, progress, clock, spans, NO_LOOKUP,
+                                     lambda call: None, generated, bulk)
+        else:  # once one decode worker's wait was waited out, no other's is
+            steps = self.steps.disaggregated(request_id, prompt, continued, moved_to, progress, clock, spans,
+                                             NO_LOOKUP, lambda call: None, generated, bulk,
+                                             reserve_at_once=bool(self.full))
+        return decode_worker, request_id, steps
 
     def close(self) -> None:
         """The request has ended: the worker it moved to is no longer busy with it."""

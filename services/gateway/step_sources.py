@@ -111,10 +111,12 @@ class StepSources:
     async def disaggregated(self, request_id: str, prompt: Sequence[int], params: common_pb2.SamplingParams,
                             decode_worker: Worker, progress: Progress, clock: PhaseClock,
                             spans: RequestTrace, lookup: Lookup, on_dispatch: Callable[[grpc.aio.Call], None],
-                            output: Sequence[int] = (), bulk: BulkInputs | None = None) -> AsyncIterator[Step]:
+                            output: Sequence[int] = (), bulk: BulkInputs | None = None,
+                            reserve_at_once: bool = False) -> AsyncIterator[Step]:
         """The first token from a prefill worker, which then writes the KV into pages it reserved
         on the decode worker; then the rest from the decode worker, once the pages are there.
-        `output`: a moved request's so far (`moved`); `bulk`: the bytes of the inputs `params` carry."""
+        `output`: a moved request's so far (`moved`); `bulk`: the bytes of the inputs `params` carry;
+        `reserve_at_once`: the pages are reserved only if free now (the prefill worker does not wait for them)."""
         # The worker counts as busy with what it has to compute: its cached prefix costs it little.
         route = self.prefill_router.choose(prompt, lookup) if self.prefill_router is not None else None
         chosen, num_cached = (route.worker, route.num_cached_tokens) if route is not None else (None, 0)
@@ -131,7 +133,8 @@ class StepSources:
                         prefill_call = await self.prefill_calls.start(prefill_worker, with_inputs(
                             prefill_pb2.PrefillRequest(
                                 request_id=request_id, token_ids=prompt, sampling=params, host_tier=host_tier,
-                                target={"decode_address": decode_worker.address, "transport": self.kv_transport},
+                                target={"decode_address": decode_worker.address, "transport": self.kv_transport,
+                                        "reserve_at_once": reserve_at_once},
                                 output_token_ids=output), bulk))
                     on_dispatch(prefill_call)
                     if not gone and route is not None:

@@ -110,6 +110,12 @@ def was_withheld(error: BaseException) -> bool:
     return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.ABORTED
 
 
+def found_no_pages(error: BaseException) -> bool:
+    """A prefill worker's Reserve found too few free pages on the decode worker within its wait (or the
+    prompt needs more than that worker's whole pool): RESOURCE_EXHAUSTED."""
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 def lost_its_pages(error: BaseException) -> bool:
     """A Decode call found no reservation for it: the pages prefill wrote were freed when the reservation's
     lease ran out before the call came (a gateway stalled that long): NOT_FOUND."""

@@ -38,11 +38,13 @@ class DecodeReservations:
             self._stubs[address] = (channel, decode_pb2_grpc.DecodeStub(channel))
         return self._stubs[address][1]
 
-    def reserve(self, address: str, request_id: str, num_tokens: int) -> asyncio.Future:
-        """The Reserve call, started now; await it for the `decode_pb2.Reservation`."""
+    def reserve(self, address: str, request_id: str, num_tokens: int, may_wait: bool = True) -> asyncio.Future:
+        """The Reserve call, started now; await it for the `decode_pb2.Reservation`. `may_wait`: it waits for
+        pages to free (else too few free now is RESOURCE_EXHAUSTED at once)."""
+        wait_s = self.wait_s if may_wait else 0.0
         return asyncio.ensure_future(self._stub(address).Reserve(
-            decode_pb2.ReserveRequest(request_id=request_id, num_tokens=num_tokens, wait_ms=round(self.wait_s * 1000)),
-            timeout=self.wait_s + RESERVE_TIMEOUT_S))
+            decode_pb2.ReserveRequest(request_id=request_id, num_tokens=num_tokens, wait_ms=round(wait_s * 1000)),
+            timeout=wait_s + RESERVE_TIMEOUT_S))
 
     def abort_after(self, reservation: asyncio.Future, address: str, request_id: str) -> None:
         """Abort `request_id` on the decode worker once its Reserve has ended, cancelled first where it

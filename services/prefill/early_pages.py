@@ -131,6 +131,7 @@ class EarlySending:
         if kind is not TransportKind.GRPC_STREAM:
             return None
         reserve = None if target.reservation_id else \
-            (lambda: self._reservations.reserve(target.decode_address, request_id, num_tokens))
+            (lambda: self._reservations.reserve(target.decode_address, request_id, num_tokens,
+                                                may_wait=not target.reserve_at_once))
         return EarlyPages(self._writer, request_id, target, -(-num_tokens // self._block_size), reserve)
 

@@ -269,7 +269,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             num_sent = await early.settle(out.num_preemptions) if early is not None else 0
             if not target.reservation_id:
                 reservation = early.reservation if early is not None and early.reservation is not None else \
-                    self._reservations.reserve(target.decode_address, request_id, num_tokens)
+                    self._reservations.reserve(target.decode_address, request_id, num_tokens,
+                                               may_wait=not target.reserve_at_once)
                 try:
                     made = await asyncio.shield(reservation)  # a cancelled call still learns its answer
                 except grpc.aio.AioRpcError as e:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from protos import decode_pb2, decode_pb2_grpc
-from tests.services.gateway.mesh import WHOLE_POOL_TOKENS
+from tests.services.gateway.mesh import WHOLE_POOL_TOKENS, metric_value
 
 LONG_PROMPT = "word " * 3000  # well over the 2048-token context
 
@@ -275,6 +275,33 @@ def test_no_free_pages_is_429_and_then_serving_resumes(mesh):
         for i, stub in enumerate(stubs):
             stub.Abort(decode_pb2.AbortRequest(request_id=f"hog-{i}"), timeout=5)
     assert post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_prompt_whose_decode_worker_has_no_free_pages_moves_to_one_that_has(mesh):
+    """Decode worker 0 full (this mesh's prefill workers wait for no pages): a request routed to it (every
+    other one: ties go in turn) has its first token, then its Reserve refused there; it is prefilled again
+    for worker 1, which has room, and answered whole, streamed or not, as one never moved; before, a 429
+    (an error event after the first chunk) while another worker had room."""
+    stub = decode_pb2_grpc.DecodeStub(mesh.decode[0].channel)
+    stub.Reserve(decode_pb2.ReserveRequest(request_id="hog-one", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+    moves = metric_value(mesh.gateway.base_url, "baton_gateway_full_decode_moves_total")
+    body = {"model": mesh.model_name, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True}
+    try:
+        replies = [post(mesh, "/v1/completions", body) for _ in range(2)]
+        with httpx.stream("POST", f"{mesh.gateway.base_url}/v1/completions", json={**body, "stream": True},
+                          timeout=30) as response:
+            data = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+        replies.append(post(mesh, "/v1/completions", body))
+    finally:
+        stub.Abort(decode_pb2.AbortRequest(request_id="hog-one"), timeout=5)
+    assert [reply.status_code for reply in replies] == [200] * 3, [reply.text for reply in replies]
+    texts = {reply.json()["choices"][0]["text"] for reply in replies}
+    assert data[-1] == "[DONE]" and all("error" not in json.loads(chunk) for chunk in data[:-1])
+    texts.add("".join(json.loads(chunk)["choices"][0]["text"] for chunk in data[:-1]))
+    assert len(texts) == 1 and len(replies[0].json()["choices"][0]["text"]) > 0
+    assert metric_value(mesh.gateway.base_url, "baton_gateway_full_decode_moves_total") - moves >= 1
+    mesh.assert_decode_pools_free()
 
 
 def test_a_stream_whose_pages_cannot_be_reserved_sends_its_first_token_then_an_overloaded_error(mesh):

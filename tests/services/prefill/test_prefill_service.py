@@ -322,11 +322,17 @@ def test_a_new_call_sends_its_response_headers_while_its_prompt_computes(tiny_de
 
 
 def test_prefill_that_cannot_reserve_is_resource_exhausted_and_holds_nothing(decode, prefill):
+    """Refused once the prefill worker's wait for pages (0.5 s here) is out; at once for a target that says
+    so (`reserve_at_once`: the gateway's second decode worker for a request the first had no room for)."""
     reserve(decode, "hog", [1] * (DECODE_KV_BLOCKS * BLOCK_SIZE - 1))
     try:
-        with pytest.raises(grpc.RpcError) as e:
-            do_prefill(prefill, "starved", PROMPT, GREEDY, prefill_pb2.KVTarget(decode_address=decode.address))
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        for request_id, at_once in (("starved", False), ("starved-at-once", True)):
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as e:
+                do_prefill(prefill, request_id, PROMPT, GREEDY,
+                           prefill_pb2.KVTarget(decode_address=decode.address, reserve_at_once=at_once))
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (time.monotonic() - started < 0.5) == at_once
     finally:
         assert decode.stub.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
     assert_prefill_pool_free(decode, prefill)
