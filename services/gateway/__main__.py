@@ -149,7 +149,7 @@ class GatewayService:
             workers.labels(**self.metrics.labels, kind=kind, state="serving").set_function(lambda p=pool: p.num_serving)
         self._follow_workers()
         prefill = self.pools.get("prefill")
-        self.router = make_router(config, prefill) if prefill is not None else None
+        self.router = make_router(config, prefill, self.pools["decode"]) if prefill is not None else None
         try:
             thinking_markers = thinking_markers_of(config.reasoning_config, config.reasoning_parser, tokenizer)
         except ConfigError as e:  # the tokenizer's say: known only now
@@ -340,9 +340,9 @@ def make_response_store(config: GatewayConfig) -> MemoryResponseStore | RedisRes
     return MemoryResponseStore(config.responses_ttl_s)
 
 
-def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | RandomRouter | None:
+def make_router(config: GatewayConfig, prefill: WorkerPool, decode: WorkerPool) -> PrefixRouter | RandomRouter | None:
     """The router `--routing` names, started; None for load only (the pool's own choice),
-    which is also what prefix routing is without --redis."""
+    which is also what prefix routing is without --redis. `decode`: the pool whose workers' room it keeps."""
     if config.routing == "random":
         return RandomRouter(prefill)
     if config.routing == "load" or not config.redis_url:
@@ -353,7 +353,7 @@ def make_router(config: GatewayConfig, prefill: WorkerPool) -> PrefixRouter | Ra
     index = PrefixIndex(client, fingerprint.hex())
     router = PrefixRouter(prefill, index, InstanceRegistry(client), fingerprint=fingerprint,
                           block_size=EngineConfig.block_size, config=RouterConfig(overlap_weight=config.overlap_weight),
-                          redis=client, mirror=IndexMirror(client, index))
+                          redis=client, mirror=IndexMirror(client, index), decode=decode)
     router.start()
     return router
 

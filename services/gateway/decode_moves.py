@@ -97,7 +97,7 @@ class DecodeMoves:
             return None
         if is_full:
             self.full.append(decode_worker)
-            moved_to = self.decode.pick_other([*gone, *self.full])
+            moved_to = self.decode.pick_other([*gone, *self.full], len(prompt) + len(generated))
         elif is_lost:
             # Another worker first: one whose lease is shorter than the way from prefill to decode (its --lease-ms)
             # frees every request's pages; the same one where there is no other, as it serves still.

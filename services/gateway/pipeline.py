@@ -192,7 +192,7 @@ class RequestPipeline(Admission):
                 if request_log is not None:
                     # As the request asked (not the gateway's stream interval for it).
                     request_log.received(request_id, prompt, sampling or params, prompt_text)
-                with self.decode.hold() as decode_worker:
+                with self.decode.hold(self.decode.pick(len(prompt))) as decode_worker:
                     async for delta in self._run(request_id, prompt, params, decode_worker, stop,
                                                  include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
                                                  running, on_dispatch, bulk):

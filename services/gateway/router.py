@@ -88,8 +88,11 @@ class PrefixRouter:
     With `index` None it routes by load alone."""
 
     def __init__(self, pool: WorkerPool, index, registry, *, fingerprint: bytes, block_size: int,
-                 config: RouterConfig = RouterConfig(), redis=None, mirror: IndexMirror | None = None):
+                 config: RouterConfig = RouterConfig(), redis=None, mirror: IndexMirror | None = None,
+                 decode: WorkerPool | None = None):
+        """`decode`: the decode pool, whose workers' free pages the router keeps from the registry."""
         self.pool = pool
+        self.decode = decode
         self.redis = redis  # the client behind index and registry, closed with the router
         self.index = index
         self.mirror = mirror  # the index in this process, asked instead of Redis while it follows it
@@ -262,6 +265,12 @@ class PrefixRouter:
             REDIS_UP.set(1)
             log.info("the prefix index in Redis answers again; routing by prefix")
 
+    def _know_decode_room(self, free_tokens: dict[str, int]) -> None:
+        """Each decode worker's room, by address (one not listed: not known)."""
+        if self.decode is not None:
+            for worker in self.decode.workers:
+                worker.free_tokens = free_tokens.get(worker.address)
+
     async def _refresh_instances(self) -> None:
         """Keep the address → instance id maps current from the registry's live instances."""
         while not self._is_closing:
@@ -277,6 +286,8 @@ class PrefixRouter:
                 async with asyncio.timeout(1.0):
                     decoders = await self.registry.instances("decode")
                 self._decode_ids = {info.address: info.instance_id for info in decoders}
+                self._know_decode_room({info.address: info.free_pages * info.block_size for info in decoders})
             except Exception as e:  # Redis down: keep the last map; lookups fail over on their own
                 log.debug("cannot list prefill instances: %s", e)
+                self._know_decode_room({})  # not kept: a worker full then would be passed over long after
             await asyncio.sleep(self.config.instances_refresh_s)

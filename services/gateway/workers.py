@@ -37,7 +37,18 @@ class Worker:
     num_in_flight: int = field(default=0)
     queued_tokens: int = field(default=0)  # prompt tokens of the requests in flight on it
     is_serving: bool = True  # kept current by WorkerPool.watch_health where that runs
+    # Tokens its free KV pages hold, as its last heartbeat in the instance registry said (a decode worker's,
+    # kept by the router); None where not known.
+    free_tokens: int | None = None
 
+
+
+def _with_room(workers: list[Worker], num_tokens: int) -> list[Worker]:
+    """Those of `workers` not known to lack room for `num_tokens` (all of them where none has it): routing
+    counts requests, and one decode worker may be full of long contexts while another has room."""
+    if not num_tokens:
+        return workers
+    return [w for w in workers if w.free_tokens is None or w.free_tokens >= num_tokens] or workers
 
 class WorkerPool:
     """Workers of one kind (all prefill or all decode).
@@ -92,14 +103,15 @@ class WorkerPool:
         least = min((w.queued_tokens, w.num_in_flight) for w in workers)
         return self.in_turn([w for w in workers if (w.queued_tokens, w.num_in_flight) == least])
 
-    def pick(self) -> Worker:
-        return self.least_loaded(self.serving())
+    def pick(self, num_tokens: int = 0) -> Worker:
+        """The least loaded serving worker, of those with room for `num_tokens` where some are known to have it."""
+        return self.least_loaded(_with_room(self.serving(), num_tokens))
 
-    def pick_other(self, gone: Sequence[Worker]) -> Worker | None:
-        """The least loaded serving worker but those in `gone` (a request's workers that went away);
+    def pick_other(self, gone: Sequence[Worker], num_tokens: int = 0) -> Worker | None:
+        """As `pick`, but for those in `gone` (a request's workers that went away, or had no room);
         None when there is none."""
         others = [worker for worker in self.workers if worker.is_serving and worker not in gone]
-        return self.least_loaded(others) if others else None
+        return self.least_loaded(_with_room(others, num_tokens)) if others else None
 
     def hold(self, worker: Worker | None = None, num_tokens: int = 0) -> _Held:
         """`worker` (default: the least loaded), counted as busy with `num_tokens` prompt

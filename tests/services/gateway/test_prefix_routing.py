@@ -13,7 +13,16 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load_file
 
-from tests.services.gateway.mesh import BLOCK_SIZE, GatewayProcess, gateway_client, start_mesh, stop_mesh
+from protos import decode_pb2, decode_pb2_grpc
+from tests.services.gateway.mesh import (
+    BLOCK_SIZE,
+    WHOLE_POOL_TOKENS,
+    GatewayProcess,
+    gateway_client,
+    metric_value,
+    start_mesh,
+    stop_mesh,
+)
 
 PREFIX_TOKENS = 320  # 20 blocks
 SYSTEM_PROMPTS = [[(37 * j + 11 * k) % 900 + 5 for j in range(PREFIX_TOKENS)] for k in range(4)]
@@ -182,3 +191,38 @@ def test_decode_prefills_a_prompt_whose_uncached_part_is_short(routed_mesh, redi
         assert disaggregated["prefilled_on"] == "prefill" and text == expected
     finally:
         assert local.terminate() == 0
+
+
+def test_a_decode_worker_known_to_be_full_is_passed_over(tiny_demo_model, redis_server):
+    """Decode worker 0 full (its whole pool reserved), as its heartbeat in the registry says: every request
+    goes to worker 1, none to worker 0 to wait there for pages (up to the prefill workers' 2 s here) and then
+    move (`baton_gateway_full_decode_moves_total`), as every other one did when ties went in turn."""
+    import redis
+
+    from services.common.registry import InstanceInfo
+
+    mesh = start_mesh(tiny_demo_model, num_prefill=1, num_decode=2,
+                      gateway_args=("--redis", redis_server.url, "--local-prefill-max-tokens", "0"),
+                      worker_args=("--redis", redis_server.url), prefill_args=("--kv-reserve-wait-s", "2"),
+                      decode_args=("--lease-ms", "120000"))
+    hog = decode_pb2_grpc.DecodeStub(mesh.decode[0].channel)
+    try:
+        hog.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+        with redis.Redis.from_url(redis_server.url) as client:
+            def free_pages() -> int:
+                infos = [InstanceInfo.from_json(value)[0] for value in client.hgetall("baton:inst:decode").values()]
+                return next(info.free_pages for info in infos if info.address == mesh.decode[0].address)
+
+            deadline = time.monotonic() + 10
+            while free_pages() > 0:
+                assert time.monotonic() < deadline, "the full worker's heartbeat never said so"
+                time.sleep(0.05)
+        time.sleep(2.5)  # the gateway re-reads the registry every second
+        body = {"model": mesh.model_name, "prompt": "Once upon a time", "max_tokens": 8, "ignore_eos": True}
+        replies = [httpx.post(f"{mesh.gateway.base_url}/v1/completions", json=body, timeout=30) for _ in range(4)]
+        assert [reply.status_code for reply in replies] == [200] * 4, [reply.text for reply in replies]
+        assert metric_value(mesh.gateway.base_url, "baton_gateway_full_decode_moves_total") == 0
+        assert hog.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
+    finally:
+        codes = stop_mesh(mesh)
+    assert all(code == 0 for code in codes.values()), codes

@@ -243,3 +243,43 @@ def test_a_lookup_hashes_the_prompt_only_as_far_as_some_worker_holds_it(redis_se
             await router.close()
 
     asyncio.run(main())
+
+
+def test_decode_workers_known_to_be_full_are_passed_over_while_the_registry_answers(redis_server, redis_client):
+    """The router keeps each decode worker's room from its heartbeat; the decode pool's pick passes over one
+    without room for the prompt while another has it (all of them when none has), and while the registry
+    does not answer nothing is known (a worker full once is not passed over for good)."""
+    async def main():
+        prefill = workers(1)
+        decode = WorkerPool([Worker(f"10.0.1.{i}:50053", channel=None, stub=None) for i in range(2)], "decode")
+        client = connect_redis(redis_server.url)
+        registry = InstanceRegistry(client)
+        await register(registry, prefill)
+        for i, free_pages in enumerate((1, 50)):  # room for 16 tokens, for 800
+            await registry.heartbeat(InstanceInfo(instance_id=f"decode-{i}", kind="decode",
+                                                  address=decode.workers[i].address, model_key=FINGERPRINT.hex(),
+                                                  block_size=BLOCK_SIZE, free_pages=free_pages))
+        router = PrefixRouter(prefill, PrefixIndex(client, FINGERPRINT.hex()), registry, fingerprint=FINGERPRINT,
+                              block_size=BLOCK_SIZE, config=RouterConfig(instances_refresh_s=0.05), redis=client,
+                              decode=decode)
+        router.start()
+        try:
+            for _ in range(100):
+                if decode.workers[1].free_tokens is not None:
+                    break
+                await asyncio.sleep(0.02)
+            assert [w.free_tokens for w in decode.workers] == [16, 800]
+            assert {decode.pick(100) for _ in range(4)} == {decode.workers[1]}
+            assert {decode.pick(10) for _ in range(4)} == set(decode.workers)  # both have room: in turn
+            assert {decode.pick(1000) for _ in range(4)} == set(decode.workers)  # neither has: by load alone
+            assert decode.pick_other([decode.workers[1]], 100) is decode.workers[0]
+            redis_server.stop()
+            for _ in range(200):
+                if decode.workers[1].free_tokens is None:
+                    break
+                await asyncio.sleep(0.02)
+            assert [w.free_tokens for w in decode.workers] == [None, None]
+        finally:
+            redis_server.start()
+            await router.close()
+    asyncio.run(main())
