@@ -84,34 +84,28 @@ class DecodeMoves:
         if len(generated) >= params.max_tokens:
             return None
         is_resumed = was_withheld(error)
-        is_lost = is_full = False
         if is_resumed:
-            gone, counter = self.gone, DECODE_RESUMES
+            moved_to, counter = self.decode.pick_other(self.gone), DECODE_RESUMES
         elif went_away(error) and len(self.gone) < MAX_DECODE_MIGRATIONS:
-            gone, counter = [*self.gone, decode_worker], DECODE_MIGRATIONS
+            self.gone.append(decode_worker)
+            moved_to, counter = self.decode.pick_other(self.gone), DECODE_MIGRATIONS
         elif lost_its_pages(error) and self.num_lost < MAX_LOST_HANDOFFS:
-            gone, counter, is_lost = self.gone, LOST_HANDOFFS, True
-        elif found_no_pages(error) and self.steps.prefill is not None:  # a worker's own prefill queues instead
-            gone, counter, is_full = self.gone, FULL_DECODE_MOVES, True
-        else:
-            return None
-        if is_full:
-            self.full.append(decode_worker)
-            moved_to = self.decode.pick_other([*gone, *self.full], len(prompt) + len(generated))
-        elif is_lost:
+            self.num_lost += 1
             # Another worker first: one whose lease is shorter than the way from prefill to decode (its --lease-ms)
             # frees every request's pages; the same one where there is no other, as it serves still.
-            moved_to = self.decode.pick_other([*gone, decode_worker])
-            if moved_to is None and decode_worker.is_serving:
-                moved_to = decode_worker
+            moved_to = self.decode.pick_other([*self.gone, decode_worker]) or \
+                (decode_worker if decode_worker.is_serving else None)
+            counter = LOST_HANDOFFS
+        elif found_no_pages(error) and self.steps.prefill is not None:  # a worker's own prefill queues instead
+            self.full.append(decode_worker)
+            moved_to = self.decode.pick_other([*self.gone, *self.full], len(prompt) + len(generated))
+            counter = FULL_DECODE_MOVES
         else:
-            moved_to = self.decode.pick_other(gone)
+            return None
         if moved_to is None:
             return None
         counter.inc()
-        self.gone = gone
         self.num_moves += 1
-        self.num_lost += is_lost
         if moved_to is not decode_worker:  # the same one is held already, for the request
             decode_worker = self.held.enter_context(self.decode.hold(moved_to))
         request_id = f"{self.first_id}~{self.num_moves}"
