@@ -1,7 +1,8 @@
 """A worker's health as routing sees it: its grpc.health.v1 Watch stream keeps `is_serving` current.
 
-A worker whose stream breaks (it died) is out of routing until it serves again (asked again at once
-when its stream had been up a while, then every WATCH_RETRY_S); one whose health
+A worker whose stream breaks (it died) is out of routing until it serves again, asked again every
+WATCH_RETRY_S; one whose stream had been up a while is asked again at once, and left in routing unless
+that call fails or does not answer within WATCH_RETRY_S. One whose health
 turns SERVING is first given what the others were given while it was away (its pool's
 `before_serving` calls), and stays out of routing where that fails.
 """
@@ -29,31 +30,50 @@ async def watch_worker(worker: Worker, service_name: str, kind: str,
     """Keep `worker.is_serving` current from its Watch stream of `service_name`, until cancelled."""
     stub = health_pb2_grpc.HealthStub(worker.channel)
     serving = health_pb2.HealthCheckResponse.SERVING
-    while True:
-        call = stub.Watch(health_pb2.HealthCheckRequest(service=service_name))
-        watched_at = time.monotonic()
-        was_up = False  # it answered (and went on answering, unless its preparation failed)
-        try:
-            async for response in call:
-                is_serving = response.status == serving
-                if is_serving and not worker.is_serving and not await _prepared(worker, kind, before_serving):
-                    call.cancel()  # watched again after a pause: its first answer then tries once more
-                    was_up = False
-                    break
-                was_up = True
-                if is_serving != worker.is_serving:
-                    log.info("%s %s is %s", kind, worker.address, "serving" if is_serving else "not serving")
-                worker.is_serving = is_serving
-        except grpc.aio.AioRpcError:
-            pass
-        if worker.is_serving:
-            log.warning("%s %s stopped answering health checks; out of routing", kind, worker.address)
-        worker.is_serving = False
-        # A stream that was up a while is watched again at once: the worker may well be up, its connection
-        # closed while this process could not answer its keepalive pings (frozen, starved), and back in
-        # routing within a round trip. Never more often than every WATCH_RETRY_S.
-        if not (was_up and time.monotonic() - watched_at >= WATCH_RETRY_S):
+    leaving: asyncio.TimerHandle | None = None  # a broken stream's worker, routed to while it is asked again
+    try:
+        while True:
+            call = stub.Watch(health_pb2.HealthCheckRequest(service=service_name))
+            watched_at = time.monotonic()
+            was_up = False  # it answered (and went on answering, unless its preparation failed)
+            try:
+                async for response in call:
+                    if leaving is not None:
+                        leaving.cancel()
+                        leaving = None
+                    is_serving = response.status == serving
+                    if is_serving and not worker.is_serving and not await _prepared(worker, kind, before_serving):
+                        call.cancel()  # watched again after a pause: its first answer then tries once more
+                        was_up = False
+                        break
+                    was_up = True
+                    if is_serving != worker.is_serving:
+                        log.info("%s %s is %s", kind, worker.address, "serving" if is_serving else "not serving")
+                    worker.is_serving = is_serving
+            except grpc.aio.AioRpcError:
+                pass
+            if leaving is not None:  # asked again at once, it did not answer
+                leaving.cancel()
+                leaving = None
+            elif was_up and time.monotonic() - watched_at >= WATCH_RETRY_S:
+                # A stream that was up a while is watched again at once, the worker left in routing for up to
+                # WATCH_RETRY_S meanwhile: it may well be up, its connection closed while this process could not
+                # answer its keepalive pings (frozen, starved), and answering again within a round trip; taking
+                # it out meanwhile would answer 503 to whatever came in that round trip, with every worker out.
+                if worker.is_serving:
+                    leaving = asyncio.get_running_loop().call_later(WATCH_RETRY_S, _out_of_routing, worker, kind)
+                continue
+            _out_of_routing(worker, kind)
             await asyncio.sleep(WATCH_RETRY_S)
+    finally:
+        if leaving is not None:
+            leaving.cancel()
+
+
+def _out_of_routing(worker: Worker, kind: str) -> None:
+    if worker.is_serving:
+        log.warning("%s %s stopped answering health checks; out of routing", kind, worker.address)
+    worker.is_serving = False
 
 
 async def _prepared(worker: Worker, kind: str, before_serving: Sequence[Callable[[Worker], Awaitable[None]]]) -> bool:

@@ -5,7 +5,6 @@ away before its first token goes to another, and one whose decode worker goes aw
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import signal
 import socket
@@ -202,41 +201,68 @@ def test_a_worker_is_routed_to_only_once_it_is_given_what_the_others_have():
     asyncio.run(scenario())
 
 
-def test_a_worker_that_closes_a_healthy_connection_is_back_in_routing_at_once(monkeypatch, caplog):
+def test_a_worker_that_closes_a_healthy_connection_stays_in_routing(monkeypatch):
     """A connection the worker closes while it serves (as it closes a gateway's that could not answer
-    its keepalive pings, frozen or starved: here by its maximum age) is made again at once, not after
-    WATCH_RETRY_S: every worker of a gateway that thaws is out of routing for a round trip, not half a
-    second of 503s."""
+    its keepalive pings, frozen or starved: here by its maximum age) is made again at once, the worker
+    left in routing meanwhile: every worker of a gateway that thaws was out of routing for a round trip
+    (a 503 for whatever came in it), before that for WATCH_RETRY_S (378 such 503s)."""
     monkeypatch.setattr(worker_health, "WATCH_RETRY_S", 1.0)
 
-    async def scenario() -> float:
-        server = grpc.aio.server(options=[("grpc.max_connection_age_ms", 2500),
-                                          ("grpc.max_connection_age_grace_ms", 100)])
-        servicer = health.aio.HealthServicer()
-        await servicer.set("baton.Test", health_pb2.HealthCheckResponse.SERVING)
-        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        pool = WorkerPool.connect([f"127.0.0.1:{port}"], health_pb2_grpc.HealthStub, "decode")
-        pool.watch_health("baton.Test")
+    class CountedHealth(health.aio.HealthServicer):
+        num_watches = 0
+
+        async def Watch(self, request, context):
+            CountedHealth.num_watches += 1
+            await super().Watch(request, context)
+
+    async def scenario() -> bool:
+        server, pool = await watched_health_server(CountedHealth(), max_connection_age_ms=2500)
         try:
             await until(lambda: pool.num_serving == 1)
-            longest, out_since, end = 0.0, None, time.monotonic() + 6  # the connection closed twice
+            was_out, end = False, time.monotonic() + 6  # the connection closes twice
             while time.monotonic() < end:
-                if pool.num_serving == 0 and out_since is None:
-                    out_since = time.monotonic()
-                elif pool.num_serving == 1 and out_since is not None:
-                    longest, out_since = max(longest, time.monotonic() - out_since), None
-                await asyncio.sleep(0.002)
-            return longest
+                was_out = was_out or pool.num_serving == 0
+                await asyncio.sleep(0.001)
+            return was_out
         finally:
             await pool.close()
             await server.stop(None)
 
-    with caplog.at_level(logging.WARNING, logger="baton.gateway"):
-        longest_out_s = asyncio.run(scenario())
-    assert "stopped answering health checks" in caplog.text  # the connection did close
-    assert longest_out_s < 0.5
+    assert not asyncio.run(scenario())
+    assert CountedHealth.num_watches >= 3  # the connection did close, twice
+
+
+def test_a_worker_whose_connection_closes_and_that_does_not_answer_again_leaves_routing(monkeypatch):
+    """As above, but the worker is gone by the time it is asked again: out of routing at once."""
+    monkeypatch.setattr(worker_health, "WATCH_RETRY_S", 1.0)
+
+    async def scenario() -> float:
+        server, pool = await watched_health_server(health.aio.HealthServicer(), max_connection_age_ms=1500)
+        try:
+            await until(lambda: pool.num_serving == 1)
+            await server.stop(None)
+            stopped = time.monotonic()
+            await until(lambda: pool.num_serving == 0)
+            return time.monotonic() - stopped
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario()) < 1.0
+
+
+async def watched_health_server(servicer: health.aio.HealthServicer,
+                                max_connection_age_ms: int) -> tuple[grpc.aio.Server, WorkerPool]:
+    """A server of `servicer`, SERVING "baton.Test" and closing each connection at its maximum age, and a
+    decode pool watching it."""
+    server = grpc.aio.server(options=[("grpc.max_connection_age_ms", max_connection_age_ms),
+                                      ("grpc.max_connection_age_grace_ms", 100)])
+    await servicer.set("baton.Test", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    pool = WorkerPool.connect([f"127.0.0.1:{port}"], health_pb2_grpc.HealthStub, "decode")
+    pool.watch_health("baton.Test")
+    return server, pool
 
 
 async def until(predicate, timeout_s: float = 5.0) -> None:
