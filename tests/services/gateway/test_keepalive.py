@@ -29,6 +29,7 @@ from tests.services.gateway.mesh import (
     stop_mesh,
 )
 from tests.services.service_process import REPO_ROOT, metrics_address
+from tests.services.waiting import wait_until
 
 KEEPALIVE_S = 1
 FOUND_WITHIN_S = 15  # two periods, and the slowest CI machine's room to move the stream
@@ -68,13 +69,6 @@ def serving_workers(mesh, kind: str) -> float:
 
 def reserves_waiting(mesh) -> float:
     return sum(metric_value(url, "baton_kv_reserves_waiting") for url in mesh.decode_metrics)
-
-
-def wait_until(condition, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_keepalive_is_set_on_both_ends_from_its_variable():

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from protos import decode_pb2, decode_pb2_grpc
 from tests.services.gateway.mesh import WHOLE_POOL_TOKENS, assert_decode_pools_free, start_mesh, stop_mesh
 from tests.services.service_process import metrics_address
+from tests.services.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +40,6 @@ def reserves_waiting(mesh, worker: int | None = None) -> float:
     texts = [httpx.get(url, timeout=10).text for url in urls]
     return sum(sample.value for text in texts for family in text_string_to_metric_families(text)
                for sample in family.samples if sample.name == "baton_kv_reserves_waiting")
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 class Hog:

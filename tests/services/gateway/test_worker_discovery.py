@@ -4,7 +4,6 @@ it serves, and one that stops leaves it, with requests served throughout."""
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.services.gateway.mesh import DECODE_KV_BLOCKS, GatewayProcess, assert_decode_pools_free
 from tests.services.service_process import ServiceProcess, stop_processes, wait_all_serving
+from tests.services.waiting import wait_until
 
 
 def workers(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
@@ -23,13 +23,6 @@ def workers(gateway: GatewayProcess) -> dict[tuple[str, str], float]:
     text = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
     return {(kind, state): float(value) for kind, state, value in re.findall(
         r'^baton_gateway_workers\{[^}]*kind="(\w+)"[^}]*state="(\w+)"[^}]*\} (\S+)$', text, re.M)}
-
-
-def wait_for(predicate, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
 
 
 def complete(gateway: GatewayProcess, model: str) -> None:
@@ -59,9 +52,9 @@ def test_workers_are_found_in_the_registry_as_they_come_and_go(tiny_demo_model, 
 
             second = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128", *registered)
             started.append(second)
-            wait_for(lambda: workers(gateway)[("prefill", "serving")] == 2)
+            wait_until(lambda: workers(gateway)[("prefill", "serving")] == 2, timeout_s=20)
             assert first.terminate() == 0  # a clean stop takes it out of the registry at once
-            wait_for(lambda: workers(gateway)[("prefill", "known")] == 1)
+            wait_until(lambda: workers(gateway)[("prefill", "known")] == 1, timeout_s=20)
             for _ in range(3):  # all on the worker that joined
                 complete(gateway, model)
             assert_decode_pools_free([decode])

@@ -43,6 +43,7 @@ from tests.services.service_process import (
     stop_processes,
     wait_all_serving,
 )
+from tests.services.waiting import wait_until
 
 
 @pytest.fixture()
@@ -59,13 +60,6 @@ def complete(mesh) -> httpx.Response:
                       json={"model": mesh.model_name, "prompt": "Hello", "max_tokens": 4})
 
 
-def wait_for(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-
-
 def test_a_killed_worker_leaves_routing_and_the_last_one_makes_health_503(small_mesh):
     mesh = small_mesh
     assert httpx.get(f"{mesh.gateway.base_url}/health").status_code == 200
@@ -78,7 +72,7 @@ def test_a_killed_worker_leaves_routing_and_the_last_one_makes_health_503(small_
 
     mesh.decode[0].proc.send_signal(signal.SIGKILL)
     mesh.decode[0].proc.wait()
-    wait_for(lambda: httpx.get(f"{mesh.gateway.base_url}/health").status_code == 503)
+    wait_until(lambda: httpx.get(f"{mesh.gateway.base_url}/health").status_code == 503, timeout_s=5)
     health = httpx.get(f"{mesh.gateway.base_url}/health").json()
     assert "decode" in health["error"]["message"]
     response = complete(mesh)
@@ -365,7 +359,7 @@ def test_streams_whose_decode_worker_dies_go_on_on_another(tiny_demo_model, layo
             texts = {kind: next(stream).choices[0].text for kind, stream in streams.items()}  # on A: B is paused
             doomed.proc.send_signal(signal.SIGSTOP)  # mid-stream however long B takes to be routed to
             other.proc.send_signal(signal.SIGCONT)
-            wait_for(lambda: serving(gateway, "decode") == 2)
+            wait_until(lambda: serving(gateway, "decode") == 2)
             doomed.proc.send_signal(signal.SIGKILL)
             for kind, stream in streams.items():
                 chunks = list(stream)
@@ -461,9 +455,9 @@ def test_a_decode_worker_told_to_stop_finishes_its_streams_within_its_grace(tiny
             stream = client.completions.create(**kwargs)
             text = next(stream).choices[0].text  # on A: B is still paused
             other.proc.send_signal(signal.SIGCONT)
-            wait_for(lambda: serving(gateway, "decode") == 2)
+            wait_until(lambda: serving(gateway, "decode") == 2)
             stopping.proc.send_signal(signal.SIGTERM)
-            wait_for(lambda: serving(gateway, "decode") == 1)  # out of routing while it drains
+            wait_until(lambda: serving(gateway, "decode") == 1)  # out of routing while it drains
             text += "".join(chunk.choices[0].text for chunk in stream)
             assert text == alone
             assert metric(gateway, "baton_gateway_decode_migrations_total") == num_moved
