@@ -1,5 +1,6 @@
-"""`DecodeMoves`: a request's moves to other decode workers, after the one it streamed from ended its stream
-past its first token (or before it, when that worker was prefilling the prompt itself):
+"""`DecodeMoves`: a request's moves, after a call for it ended past its first token (or before it, when its
+decode worker was prefilling the prompt itself), its prompt and output so far prefilled again for the worker
+it goes on with:
 
 - the worker went away (UNAVAILABLE): the request goes to another serving decode worker, its prompt and its
   output so far prefilled again for it (their prefix mostly cached where the prompt was computed), at most
@@ -9,6 +10,9 @@ past its first token (or before it, when that worker was prefilling the prompt i
   too, prefills it again itself, given them, as a preempted request is computed again where it is decoded
   (queued there while pages are short, where a prefill worker's reservation would be refused). Each such
   resume makes a token at its prefill: no bound is needed;
+- its prefill worker went away after its first token, while it reserved or wrote the pages (UNAVAILABLE, not
+  the decode worker's handed on): the same decode worker, another prefill worker computing it again, at most
+  MAX_PREFILL_RETRIES times;
 - its Decode call found its pages freed, their reservation's lease out before the call came (NOT_FOUND: a
   gateway stalled as long, frozen or starved): prefilled again, for another serving decode worker or, where
   there is none, the same one, at most MAX_LOST_HANDOFFS times;
@@ -35,9 +39,17 @@ from services.gateway.deltas import TextOutput
 from services.gateway.prefill_route import NO_LOOKUP
 from services.gateway.request_bytes import BulkInputs
 from services.gateway.request_trace import RequestTrace
-from services.gateway.step_sources import StepSources
+from services.gateway.step_sources import MAX_PREFILL_RETRIES, PREFILL_RETRIES, StepSources
 from services.gateway.timeline import PhaseClock
-from services.gateway.worker_steps import Progress, Step, found_no_pages, lost_its_pages, was_withheld, went_away
+from services.gateway.worker_steps import (
+    Progress,
+    Step,
+    found_no_pages,
+    lost_its_pages,
+    prefill_went_away,
+    was_withheld,
+    went_away,
+)
 from services.gateway.workers import Worker, WorkerPool
 
 DECODE_MIGRATIONS = Counter("baton_gateway_decode_migrations_total",
@@ -69,6 +81,7 @@ class DecodeMoves:
         self.first_id = request_id  # a moved request's later parts are `first_id~1`, `~2` on the workers
         self.num_moves = 0
         self.num_lost = 0  # handoffs whose pages were freed before the Decode call came
+        self.num_prefills_gone = 0  # prefill workers that went away after its first token
         self.gone: list[Worker] = []  # decode workers that went away mid-stream
         self.full: list[Worker] = []  # decode workers that had no pages for it
         self.held = ExitStack()  # the decode worker a request moved to, counted busy until it ends
@@ -86,6 +99,10 @@ class DecodeMoves:
         is_resumed = was_withheld(error)
         if is_resumed:
             moved_to, counter = self.decode.pick_other(self.gone), DECODE_RESUMES
+        elif prefill_went_away(error) and self.num_prefills_gone < MAX_PREFILL_RETRIES:
+            self.num_prefills_gone += 1
+            # Its decode worker is as good as ever: another prefill worker computes the prompt again for it.
+            moved_to, counter = decode_worker, PREFILL_RETRIES
         elif went_away(error) and len(self.gone) < MAX_DECODE_MIGRATIONS:
             self.gone.append(decode_worker)
             moved_to, counter = self.decode.pick_other(self.gone), DECODE_MIGRATIONS

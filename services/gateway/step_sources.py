@@ -34,6 +34,7 @@ from services.gateway.request_errors import InvalidRequestError
 from services.gateway.request_trace import RequestTrace
 from services.gateway.timeline import PhaseClock
 from services.gateway.worker_steps import (
+    PrefillHandoffError,
     Progress,
     Step,
     decode_steps,
@@ -48,7 +49,7 @@ from services.kvstore.host_id import host_id
 
 PREFILL_RETRIES = Counter("baton_gateway_prefill_retries_total",
                           "Prompts sent to another prefill worker because theirs went away (UNAVAILABLE) before "
-                          "their first token")
+                          "their first token, or after it before their KV reached the decode worker")
 # A prompt's prefill workers after the first, at most: a worker that stops or dies before the first
 # token has sent nothing anyone saw, so the prompt goes to another. Not after any other failure: a
 # prompt that made a worker's engine fail may make the next one's fail too.
@@ -168,7 +169,10 @@ class StepSources:
                 return
             yield first
             # The prefill worker writes the pages while the first token goes out.
-            handoff = (await next_event(prefill_call, "handoff")).handoff
+            try:
+                handoff = (await next_event(prefill_call, "handoff")).handoff
+            except grpc.aio.AioRpcError as e:  # told apart from the decode call's: the move it makes differs
+                raise PrefillHandoffError.of(e) from e
         except BaseException as e:  # cut short (an error, or the consumer went away): prefill stops too
             prefill_call.cancel()
             self.prefill_calls.replenish(prefill_worker, ended_on=e)

@@ -12,6 +12,7 @@ import grpc
 from protos import common_pb2, decode_pb2, prefill_pb2
 from services.common.converters import FINISH_REASON_NAMES
 from services.common.metrics import RequestMetrics
+from services.common.relayed_errors import is_relayed_from
 from services.gateway.timeline import PhaseClock
 
 
@@ -108,6 +109,21 @@ def was_withheld(error: BaseException) -> bool:
     """A decode worker's call ended because it preempted the request, whose images' pixels it was not sent,
     and can compute their tokens no more (protos/decode.proto's DecodeRequest): ABORTED."""
     return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.ABORTED
+
+
+class PrefillHandoffError(grpc.aio.AioRpcError):
+    """A prefill call's error after its first token, while its worker reserved or wrote the pages."""
+
+    @classmethod
+    def of(cls, error: grpc.aio.AioRpcError) -> PrefillHandoffError:
+        return cls(error.code(), error.initial_metadata(), error.trailing_metadata(), error.details(),
+                   error.debug_error_string())
+
+
+def prefill_went_away(error: BaseException) -> bool:
+    """A prefill call ended after its first token because its worker went away (UNAVAILABLE, not its decode
+    worker's handed on): its decode worker may be as good as ever."""
+    return isinstance(error, PrefillHandoffError) and went_away(error) and not is_relayed_from(error, "decode")
 
 
 def found_no_pages(error: BaseException) -> bool:

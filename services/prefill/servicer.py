@@ -27,7 +27,8 @@ Status codes:
   segment (IPC handle) does not exist or disagrees with its layout (checked before computing).
 - The decode worker's own code when it refuses pages sent over GRPC_STREAM
   (FAILED_PRECONDITION, DATA_LOSS, NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE), or
-  cannot reserve them (RESOURCE_EXHAUSTED: no free pages; INVALID_ARGUMENT).
+  cannot reserve them (RESOURCE_EXHAUSTED: no free pages; INVALID_ARGUMENT), its trailing metadata
+  saying so (services/common/relayed_errors.py): an UNAVAILABLE that is the decode worker's.
 - UNAVAILABLE: the engine is still loading and warming up, or has failed (the worker is stopping),
   also for a prompt still queued behind the step that failed: it never ran.
 - INTERNAL: the engine failed in a step that was computing the prompt.
@@ -72,6 +73,7 @@ from services.common.engine_loop import EngineLoop
 from services.common.grpc_server import EarlyHeaders, OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.common.prompt_embeds import given_inputs
+from services.common.relayed_errors import relayed_from
 from services.common.request_outputs import RequestRefusedError
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
@@ -274,7 +276,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                 try:
                     made = await asyncio.shield(reservation)  # a cancelled call still learns its answer
                 except grpc.aio.AioRpcError as e:
-                    await context.abort(e.code(), f"the decode worker could not reserve pages: {e.details()}")
+                    await context.abort(e.code(), f"the decode worker could not reserve pages: {e.details()}",
+                                        relayed_from("decode"))
                 target = reserved_target(target, made)
                 transport, dest = await open_target(self.layout, self._writer, target, num_blocks, context)
             src_blocks = out.held_block_ids[:num_blocks]
@@ -289,7 +292,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             except ValueError as e:  # refused before writing anything (copy_pages checks first)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
             except grpc.aio.AioRpcError as e:
-                await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}")
+                await context.abort(e.code(), f"the decode worker refused the KV pages: {e.details()}",
+                                    relayed_from("decode"))
             if attrs:
                 tracing.soon(tracing.record_span, "kv.transfer", write_start_ns, time.time_ns(), {
                     **attrs, tracing.BATON_KV_TRANSPORT: transport.kind.value,

@@ -16,7 +16,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos import decode_pb2, decode_pb2_grpc
-from tests.services.gateway.mesh import WHOLE_POOL_TOKENS, assert_decode_pools_free, start_mesh, stop_mesh
+from tests.services.gateway.mesh import (
+    WHOLE_POOL_TOKENS,
+    assert_decode_pools_free,
+    metric_value,
+    start_mesh,
+    stop_mesh,
+)
 from tests.services.service_process import metrics_address
 from tests.services.waiting import wait_until
 
@@ -152,5 +158,8 @@ def test_a_decode_worker_told_to_stop_sends_the_prompts_waiting_for_its_pages_to
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["finish_reason"] == "length"
     assert answered_s < 2.0
+    # The prefill worker's UNAVAILABLE was the decode worker's, handed on: no prefill worker went away.
+    assert metric_value(mesh.gateway.base_url, "baton_gateway_prefill_retries_total") == 0
+    assert metric_value(mesh.gateway.base_url, "baton_gateway_decode_migrations_total") == 1
     assert mesh.decode[stopped].proc.wait(timeout=30) == 0
     assert_decode_pools_free([mesh.decode[1 - stopped]])

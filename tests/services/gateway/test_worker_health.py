@@ -19,6 +19,7 @@ import openai
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from protos import decode_pb2, decode_pb2_grpc
 from services.common.grpc_server import make_server
 from services.common.settings import ConfigError
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
@@ -30,6 +31,7 @@ from services.prefill.servicer import SERVICE_NAME as PREFILL_SERVICE
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.services.gateway.mesh import (
     DECODE_KV_BLOCKS,
+    WHOLE_POOL_TOKENS,
     GatewayProcess,
     assert_decode_pools_free,
     metric_value,
@@ -306,6 +308,47 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
                 assert doomed.result().status_code == 500
                 assert queued.result().status_code == 200, queued.result().text
             assert metric(gateway, "baton_gateway_prefill_retries_total") == 1
+            assert_decode_pools_free([decode])
+        finally:
+            gateway.terminate()
+
+
+def test_a_prompt_whose_prefill_worker_goes_away_after_its_first_token_is_prefilled_again_elsewhere(tiny_demo_model):
+    """Prefill worker A dies after the first token, while its Reserve waits for the decode worker's pages
+    (all held here): the prompt and its first token are prefilled again by B for the same decode worker,
+    and the stream goes on there once pages free, the same greedy text. Before, the decode worker was
+    counted as gone, and with no other one the stream ended in an error."""
+    with processes() as started:
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
+        doomed, other = (ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128",
+                                        wait=False) for _ in range(2))
+        decode = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", str(DECODE_KV_BLOCKS),
+                                "--lease-ms", "120000", wait=False)
+        wait_serving(started, [tokenizer, doomed, other, decode])
+        other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [doomed.address, other.address],
+                                 [decode.address], "--local-prefill-max-tokens", "0")
+        hog = decode_pb2_grpc.DecodeStub(decode.channel)
+        try:
+            client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+            def create():
+                return client.completions.create(model=tiny_demo_model.name, prompt="Once upon a time", max_tokens=16,
+                                                 temperature=0, stream=True, extra_body={"ignore_eos": True})
+
+            unmoved = "".join(chunk.choices[0].text for chunk in create())
+            hog.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+            stream = create()
+            text = next(stream).choices[0].text  # from A, whose Reserve now waits for pages
+            other.proc.send_signal(signal.SIGCONT)
+            wait_until(lambda: serving(gateway, "prefill") == 2)
+            doomed.proc.send_signal(signal.SIGKILL)
+            time.sleep(0.5)  # the prompt prefilled again by B, its Reserve waiting in turn
+            assert hog.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
+            text += "".join(chunk.choices[0].text for chunk in stream)
+            assert text == unmoved
+            assert metric(gateway, "baton_gateway_prefill_retries_total") >= 1  # twice if A was routed to again
+            assert metric(gateway, "baton_gateway_decode_migrations_total") == 0
             assert_decode_pools_free([decode])
         finally:
             gateway.terminate()
