@@ -102,6 +102,8 @@ class DecodeMoves:
         elif prefill_went_away(error) and self.num_prefills_gone < MAX_PREFILL_RETRIES:
             self.num_prefills_gone += 1
             # Its decode worker is as good as ever: another prefill worker computes the prompt again for it.
+            # The pages the one gone reserved there, if it got that far, are freed now, not when their lease ends.
+            self.steps.abort_soon(decode_worker, self._request_id(), common_pb2.FINISH_REASON_UNSPECIFIED)
             moved_to, counter = decode_worker, PREFILL_RETRIES
         elif went_away(error) and len(self.gone) < MAX_DECODE_MIGRATIONS:
             self.gone.append(decode_worker)
@@ -125,7 +127,7 @@ class DecodeMoves:
         self.num_moves += 1
         if moved_to is not decode_worker:  # the same one is held already, for the request
             decode_worker = self.held.enter_context(self.decode.hold(moved_to))
-        request_id = f"{self.first_id}~{self.num_moves}"
+        request_id = self._request_id()
         continued = common_pb2.SamplingParams()
         continued.CopyFrom(params)
         continued.ClearField("prompt_logprobs")
@@ -138,6 +140,10 @@ class DecodeMoves:
                                              NO_LOOKUP, lambda call: None, generated, bulk,
                                              reserve_at_once=bool(self.full))
         return decode_worker, request_id, steps
+
+    def _request_id(self) -> str:
+        """Its id on the workers since its last move."""
+        return f"{self.first_id}~{self.num_moves}" if self.num_moves else self.first_id
 
     def close(self) -> None:
         """The request has ended: the worker it moved to is no longer busy with it."""

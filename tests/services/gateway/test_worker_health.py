@@ -314,10 +314,11 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
 
 
 def test_a_prompt_whose_prefill_worker_goes_away_after_its_first_token_is_prefilled_again_elsewhere(tiny_demo_model):
-    """Prefill worker A dies after the first token, while its Reserve waits for the decode worker's pages
-    (all held here): the prompt and its first token are prefilled again by B for the same decode worker,
-    and the stream goes on there once pages free, the same greedy text. Before, the decode worker was
-    counted as gone, and with no other one the stream ended in an error."""
+    """Prefill worker A dies after the first token, its Reserve for the decode worker's pages (all held here
+    until then) granted but not yet answered: the prompt and its first token are prefilled again by B for
+    the same decode worker, and the stream goes on there, the same greedy text; the pages granted to A are
+    freed at once, not when their lease ends. Before, the decode worker was counted as gone, and with no
+    other one the stream ended in an error."""
     with processes() as started:
         tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
         doomed, other = (ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128",
@@ -342,9 +343,11 @@ def test_a_prompt_whose_prefill_worker_goes_away_after_its_first_token_is_prefil
             text = next(stream).choices[0].text  # from A, whose Reserve now waits for pages
             other.proc.send_signal(signal.SIGCONT)
             wait_until(lambda: serving(gateway, "prefill") == 2)
-            doomed.proc.send_signal(signal.SIGKILL)
-            time.sleep(0.5)  # the prompt prefilled again by B, its Reserve waiting in turn
+            doomed.proc.send_signal(signal.SIGSTOP)
             assert hog.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found
+            # A's Reserve granted (its answer unread): its pages are held under the lease of 120 s.
+            wait_until(lambda: metric_value(f"http://{metrics_address(decode)}", "baton_kv_reserves_waiting") == 0)
+            doomed.proc.send_signal(signal.SIGKILL)
             text += "".join(chunk.choices[0].text for chunk in stream)
             assert text == unmoved
             assert metric(gateway, "baton_gateway_prefill_retries_total") >= 1  # twice if A was routed to again
