@@ -156,6 +156,9 @@ class StepSources:
                     gone.append(prefill_worker)
                     num_cached, host_tier = 0, None  # what the router knew was of the worker that went
                     PREFILL_RETRIES.inc()
+                    # A prompt computed in chunks may have pages reserved on the decode worker under its id by
+                    # the worker gone (early_pages.py): freed first, or the next one's Reserve of them is refused.
+                    await self._abort(decode_worker, request_id)
         try:
             progress.num_cached_tokens = response.num_cached_tokens
             timings = response.timings
@@ -269,6 +272,13 @@ class StepSources:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(_forget(self._background))
+
+    async def _abort(self, worker: Worker, request_id: str) -> None:
+        """Abort `request_id` on decode `worker` now; where that fails, the worker's lease frees it."""
+        try:
+            await worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id), timeout=self.deadlines.abort_s)
+        except grpc.aio.AioRpcError:
+            pass
 
     def abort_soon(self, worker: Worker, request_id: str, finish_reason: int) -> None:
         """Abort on decode in the background: it must run even when the caller was
