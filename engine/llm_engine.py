@@ -191,8 +191,9 @@ class LLMEngine:
         seq.step_times.admit_ns = (start_ns, time.time_ns())
 
     def has_request(self, request_id: str) -> bool:
-        """Whether a request of this id is here: waiting, running, or holding its pages."""
-        return request_id in self._seqs
+        """Whether a request of this id is here: waiting, running, or holding its pages (a prefilled one's,
+        until they are handed on)."""
+        return request_id in self._seqs or request_id in self.scheduler.held
 
     @property
     def guides(self) -> GuideFactory:

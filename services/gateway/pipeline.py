@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -180,6 +181,9 @@ class RequestPipeline(Admission):
         output: list[str] = []  # its texts, when they are logged
         try:
             # Among the running requests from its arrival, where an operator's abort finds it.
+            # A client's id again while a request of it runs here (its x-request-id reused): the workers are
+            # given one of its own, as vLLM's engine is, or they refuse it as in use.
+            worker_id = f"{request_id}~{uuid.uuid4().hex[:8]}" if self.running.is_running(request_id) else request_id
             with self.running.running(request_id) as running:
                 await self._pause_passed(running)
                 self.admit()
@@ -193,7 +197,7 @@ class RequestPipeline(Admission):
                     # As the request asked (not the gateway's stream interval for it).
                     request_log.received(request_id, prompt, sampling or params, prompt_text)
                 with self.decode.hold(self.decode.pick(len(prompt))) as decode_worker:
-                    async for delta in self._run(request_id, prompt, params, decode_worker, stop,
+                    async for delta in self._run(worker_id, prompt, params, decode_worker, stop,
                                                  include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
                                                  running, on_dispatch, bulk):
                         last = delta

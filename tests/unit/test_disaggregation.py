@@ -37,6 +37,24 @@ def assert_clean(engine: LLMEngine) -> None:
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
 
 
+def test_a_request_id_whose_pages_are_held_for_their_handoff_is_in_use(tiny_demo_model):
+    """A prefilled request holds its pages until they are handed on: its id is refused to a new request
+    meanwhile (a client reusing its x-request-id), not admitted to fail the engine's step (the worker then
+    stopped, and `baton up` with it)."""
+    prefill = make_engine(tiny_demo_model)
+    prompt = [(17 * j) % 900 + 5 for j in range(40)]
+    prefill.add_request("r", prompt, PARAMS["greedy"], prefill_only=True)
+    assert finish(prefill)["r"].finish_reason == "prefilled"
+    assert prefill.has_request("r")
+    with pytest.raises(ValueError, match="already in use"):
+        prefill.add_request("r", prompt, PARAMS["greedy"], prefill_only=True)
+    assert prefill.release("r") and not prefill.has_request("r")
+    prefill.add_request("r", prompt, PARAMS["greedy"], prefill_only=True)
+    assert finish(prefill)["r"].finish_reason == "prefilled"
+    assert prefill.release("r")
+    assert_clean(prefill)
+
+
 @pytest.mark.parametrize("kind", sorted(PARAMS))
 def test_handoff_gives_the_colocated_tokens(tiny_demo_model, kind):
     params = PARAMS[kind]

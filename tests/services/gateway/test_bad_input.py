@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -366,3 +367,20 @@ def test_a_client_that_disconnects_before_its_first_token_frees_its_pages(mesh):
         sock.close()
     mesh.assert_decode_pools_free(within_s=1.0)
     assert post(mesh, "/v1/completions", {"model": mesh.model_name, "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_a_request_id_reused_while_it_runs_is_served_each_time(mesh):
+    """Requests sent at once under one x-request-id (a retry racing its original, a client's fixed id) are each
+    served under it, the workers given ids of their own; before, the workers refused all but one as in use (a
+    400), or a prefill worker admitted one beside the pages it still held for another of that id, and its engine
+    failed on it, stopping the worker (and `baton up`, whole)."""
+    body = {"model": mesh.model_name, "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0,
+            "ignore_eos": True}
+    with ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(lambda _: httpx.post(f"{mesh.gateway.base_url}/v1/completions", json=body, timeout=30,
+                                                     headers={"x-request-id": "reused-id"}), range(6)))
+    assert [reply.status_code for reply in replies] == [200] * 6, [reply.text for reply in replies]
+    assert {reply.json()["id"] for reply in replies} == {"reused-id"}
+    assert len({reply.json()["choices"][0]["text"] for reply in replies}) == 1
+    assert all(worker.proc.poll() is None for worker in [*mesh.prefill, *mesh.decode])
+    mesh.assert_decode_pools_free()
