@@ -21,8 +21,9 @@ from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.services.gateway.mesh import GatewayProcess
 from tests.services.gateway.test_generation_pause import StreamedSample
 from tests.services.gateway.test_weight_updates import greedy
-from tests.services.gateway.test_worker_discovery import wait_for, workers
+from tests.services.gateway.test_worker_discovery import workers
 from tests.services.service_process import ServiceProcess, stop_processes, wait_all_serving
+from tests.services.waiting import wait_until
 
 
 def post(mesh, path: str, **kwargs) -> httpx.Response:
@@ -98,11 +99,11 @@ def test_an_idle_mesh_sleeps_and_the_next_request_wakes_it(mesh, awake):
                           [d.address for d in mesh.decode], "--sleep-idle-ttl", "1.5", "--sleep-idle-level", "2")
     through_idle = SimpleNamespace(gateway=idle)
     try:
-        wait_for(lambda: is_sleeping(through_idle))
+        wait_until(lambda: is_sleeping(through_idle), timeout_s=20)
         assert [sorted(kinds) for kinds in released_by_worker(through_idle)] == [["kv_cache", "weights"]] * 4
         assert greedy(through_idle) == expected  # it waited while the mesh woke
         assert not is_sleeping(through_idle) and released_by_worker(through_idle) == [[]] * 4
-        wait_for(lambda: is_sleeping(through_idle))  # idle again
+        wait_until(lambda: is_sleeping(through_idle), timeout_s=20)  # idle again
         assert post(through_idle, "/wake_up").status_code == 200  # an operator's wake ends it too
         assert not is_sleeping(through_idle) and greedy(through_idle) == expected
     finally:
@@ -152,7 +153,7 @@ def test_a_worker_that_joins_while_memory_is_released_gives_it_back_before_it_is
         expected = greedy(on_first)
         assert post(on_first, "/release_memory_occupation").status_code == 200
         late.proc.send_signal(signal.SIGCONT)
-        wait_for(lambda: workers(gateway)[("decode", "serving")] == 2)
+        wait_until(lambda: workers(gateway)[("decode", "serving")] == 2, timeout_s=20)
         assert released_by_worker(on_first) == [["weights", "kv_cache"]] * 2
         assert os.stat(segment).st_blocks * 512 <= SEGMENT_HEADER_BYTES
         assert post(on_first, "/resume_memory_occupation").status_code == 200
