@@ -115,7 +115,7 @@ class DecodeMoves:
             moved_to = self.decode.pick_other([*self.gone, decode_worker]) or \
                 (decode_worker if decode_worker.is_serving else None)
             counter = LOST_HANDOFFS
-        elif found_no_pages(error) and self.steps.prefill is not None:  # a worker's own prefill queues instead
+        elif found_no_pages(error):
             self.full.append(decode_worker)
             moved_to = self.decode.pick_other([*self.gone, *self.full], len(prompt) + len(generated))
             counter = FULL_DECODE_MOVES

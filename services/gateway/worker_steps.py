@@ -128,8 +128,8 @@ def prefill_went_away(error: BaseException) -> bool:
 
 def found_no_pages(error: BaseException) -> bool:
     """A prefill worker's Reserve found too few free pages on the decode worker within its wait (or the
-    prompt needs more than that worker's whole pool): RESOURCE_EXHAUSTED."""
-    return isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    prompt needs more than that worker's whole pool): RESOURCE_EXHAUSTED, after the first token."""
+    return isinstance(error, PrefillHandoffError) and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 def lost_its_pages(error: BaseException) -> bool:
