@@ -26,7 +26,7 @@ def log(message: str) -> None:
 class LocalMesh:
     """`baton up --model DIR --port 0 *up_args`, its services configured further through
     BATON_* variables in `env`. Its OpenAI address, gRPC address and model name come from
-    the banner, every process's address from the table after it."""
+    the banner, every process's address, process id and metrics address from the table after it."""
 
     def __init__(self, model_dir: Path, *up_args: str, env: dict[str, str] | None = None):
         self.proc = subprocess.Popen(
@@ -34,13 +34,22 @@ class LocalMesh:
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, **(env or {})})
         self.addresses: dict[str, str] = {}
+        self.pids: dict[str, int] = {}
+        self.metrics_addresses: dict[str, str] = {}
         deadline = time.monotonic() + START_TIMEOUT_S
+        is_up = False  # the table follows the banner; the services' own lines come before it
         for line in self.proc.stdout:
             if match := re.match(r"Baton is up: OpenAI API at http://(\S+)/v1 \(model (.+)\); gRPC Generate at (\S+)",
                                  line):
                 self.http, self.model_name, self.grpc = match.groups()
-            elif match := re.match(r"\s+(\S+)\s+\d+\s+(\d+\.\d+\.\d+\.\d+:\d+)", line):
-                self.addresses[match.group(1)] = match.group(2)
+                is_up = True
+            elif is_up and (match := re.match(r"\s+(\S+)\s+(\d+)\s+(\S+?),?\s", line)):
+                name, pid, address = match.groups()
+                self.pids[name] = int(pid)
+                if re.fullmatch(r"\d+\.\d+\.\d+\.\d+:\d+", address):
+                    self.addresses[name] = address
+                if metrics := re.search(r"(\S+) \(metrics\)", line):
+                    self.metrics_addresses[name] = metrics.group(1)
             elif line.startswith("Stop with Ctrl-C"):
                 break
             if time.monotonic() > deadline:

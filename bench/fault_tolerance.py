@@ -1,0 +1,234 @@
+"""What a stalled process costs the mesh's clients: traffic through `baton up` while one of its
+processes is frozen, against the same traffic with none frozen.
+
+    .venv/bin/python bench/fault_tolerance.py [--model DIR] [--prefill 2] [--decode 2] [--clients 8]
+        [--phase-s 30] [--freeze-s 15] [--faults decode-0,prefill-0,...] [--seed 0]
+
+A mesh of --prefill and --decode workers (with its tokenizer, kvstore node, Redis and gateway,
+each its own process) serves --clients `openai` clients, each looping random requests: chat or
+completion, streamed or not, prompts of 10 to 400 words, 20 to 80 tokens each (EOS ignored),
+and one stream in five read for a few chunks and then closed (a client that went away, not an
+error). The run is in phases of --phase-s seconds (after 10 s of the same traffic, not counted),
+each started on a settled mesh and ended by letting the requests in flight finish: a baseline
+with no fault, then one phase per process in --faults (default: every process of the mesh but
+the second and later workers of a kind, which the first stands for), that process
+SIGSTOPped 2 s in and SIGCONTed --freeze-s later. SIGSTOP, not SIGKILL: `baton up` stops the whole
+mesh when one of its processes exits, and a frozen process (swapped out, a stop-the-world pause,
+a host that stopped answering) is the fault its peers cannot tell from a slow one. On a host with
+fewer cores than processes, a frozen worker's cores go to the others: its phase may see more
+requests through than the baseline.
+
+For each phase: requests completed, errors (by kind), streams closed early, the completed
+requests' p50 / p99 / slowest time end to end, throughput against the baseline's
+(`throughput_vs_baseline`), and what the gateway did about it (its counters' increase over the
+phase: decode migrations, requests moved off a full decode worker, lost handoffs and prefill
+retries, tokenizer fallbacks). After the last phase, every worker's KV pages in use, running
+requests and waiting reservations, which should be 0 (`pages_leaked`: the decode workers' pages
+in use). The last line of output is one JSON object with every figure; `errors_total` is the
+errors of all phases, baseline included.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from bench.local_mesh import LocalMesh, log  # noqa: E402
+from engine.demo_model import ensure_demo_model  # noqa: E402
+
+FREEZE_AT_S = 2.0
+WARMUP_S = 10.0  # of the same traffic, not counted: the baseline would carry the mesh's first requests
+SETTLE_S = 3.0  # between phases: a thawed worker's health watch and the registry's heartbeats catch up
+REQUEST_TIMEOUT_S = 120.0
+CUT_SHARE = 0.2  # of streams, read for a few chunks and closed
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+# The gateway's counters of what it did for requests whose workers failed them (services/gateway/).
+GATEWAY_COUNTERS = {"migrations": "baton_gateway_decode_migrations",
+                    "full_decode_moves": "baton_gateway_full_decode_moves",
+                    "lost_handoffs": "baton_gateway_lost_handoffs",
+                    "prefill_retries": "baton_gateway_prefill_retries",
+                    "tokenizer_fallbacks": "baton_gateway_tokenizer_fallbacks"}
+LEAK_GAUGES = ("baton_kv_pages_used", "baton_requests_running", "baton_kv_reserves_waiting")
+
+
+@dataclass
+class PhaseResult:
+    seconds: list[float] = field(default_factory=list)  # each completed request's, end to end
+    errors: collections.Counter = field(default_factory=collections.Counter)
+    num_cut: int = 0
+
+
+async def one_request(client: openai.AsyncOpenAI, model: str, rng: random.Random, result: PhaseResult) -> None:
+    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice((10, 100, 400))))
+    stream, max_tokens = rng.random() < 0.5, rng.randint(20, 80)
+    cut_after = rng.randint(1, 5) if stream and rng.random() < CUT_SHARE else None
+    start = time.perf_counter()
+    try:
+        if rng.random() < 0.5:
+            response = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, stream=stream,
+                extra_body={"ignore_eos": True})
+        else:
+            response = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                                       stream=stream, extra_body={"ignore_eos": True})
+        if stream:
+            num_chunks = 0
+            async for _ in response:
+                num_chunks += 1
+                if cut_after is not None and num_chunks >= cut_after:
+                    await response.close()
+                    result.num_cut += 1
+                    return
+    except openai.APIError as e:
+        result.errors[f"{type(e).__name__}: {str(e)[:120]}"] += 1
+        return
+    result.seconds.append(time.perf_counter() - start)
+
+
+async def traffic(mesh: LocalMesh, num_clients: int, seconds: float, seed: int, fault_pid: int | None,
+                  freeze_s: float) -> PhaseResult:
+    """`num_clients` looping requests for `seconds` (those in flight then finish), `fault_pid` frozen from
+    FREEZE_AT_S for `freeze_s`."""
+    result = PhaseResult()
+    end = time.monotonic() + seconds
+
+    async def loop(i: int) -> None:
+        client = openai.AsyncOpenAI(base_url=f"http://{mesh.http}/v1", api_key="none", max_retries=0,
+                                    timeout=REQUEST_TIMEOUT_S)
+        rng = random.Random(seed * 1000 + i)
+        async with client:
+            while time.monotonic() < end:
+                await one_request(client, mesh.model_name, rng, result)
+
+    async def freeze() -> None:
+        await asyncio.sleep(FREEZE_AT_S)
+        os.kill(fault_pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(freeze_s)
+        finally:
+            os.kill(fault_pid, signal.SIGCONT)
+
+    tasks = [loop(i) for i in range(num_clients)] + ([freeze()] if fault_pid is not None else [])
+    await asyncio.gather(*tasks)
+    return result
+
+
+def gateway_counts(client: httpx.Client, mesh: LocalMesh) -> dict[str, float]:
+    """The gateway's GATEWAY_COUNTERS now, each summed over its labels."""
+    counts = dict.fromkeys(GATEWAY_COUNTERS, 0.0)
+    by_name = {name: key for key, name in GATEWAY_COUNTERS.items()}
+    for family in text_string_to_metric_families(client.get(f"http://{mesh.http}/metrics").text):
+        if family.name in by_name:
+            counts[by_name[family.name]] += sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return counts
+
+
+def leftovers(client: httpx.Client, mesh: LocalMesh) -> dict[str, dict[str, float]]:
+    """Each prefill and decode worker's LEAK_GAUGES now."""
+    found = {}
+    for name, address in mesh.metrics_addresses.items():
+        if not name.startswith(("prefill", "decode")):
+            continue
+        gauges = {}
+        for family in text_string_to_metric_families(client.get(f"http://{address}/metrics").text):
+            if family.name in LEAK_GAUGES:
+                gauges[family.name] = sum(s.value for s in family.samples)
+        found[name] = gauges
+    return found
+
+
+def phase_figures(result: PhaseResult, wall_s: float, counts: dict[str, float]) -> dict:
+    seconds = sorted(result.seconds)
+    return {"completed": len(seconds), "errors": sum(result.errors.values()), "error_kinds": dict(result.errors),
+            "cut": result.num_cut, "requests_per_s": round(len(seconds) / wall_s, 3),
+            "p50_s": round(statistics.median(seconds), 3) if seconds else None,
+            "p99_s": round(seconds[min(len(seconds) - 1, int(0.99 * len(seconds)))], 3) if seconds else None,
+            "slowest_s": round(seconds[-1], 3) if seconds else None,
+            "gateway": {key: round(value) for key, value in counts.items() if value}}
+
+
+def default_faults(mesh: LocalMesh) -> list[str]:
+    """Every process but the second and later workers of a kind: one frozen prefill or decode worker
+    stands for any of them."""
+    return [name for name in mesh.pids if not re.search(r"-[1-9]\d*$", name)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None, help="model directory (default: the demo model)")
+    parser.add_argument("--prefill", type=int, default=2)
+    parser.add_argument("--decode", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--phase-s", type=float, default=30.0)
+    parser.add_argument("--freeze-s", type=float, default=15.0)
+    parser.add_argument("--faults", default=None, help="comma-separated process names, as baton up's table "
+                        "lists them (default: all but the gateway's extra peers of one kind)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.freeze_s + FREEZE_AT_S > args.phase_s:
+        parser.error("--freeze-s must end within the phase (--phase-s - 2)")
+    model_dir = args.model or ensure_demo_model()
+    mesh = LocalMesh(model_dir, "--prefill", str(args.prefill), "--decode", str(args.decode))
+    try:
+        faults = args.faults.split(",") if args.faults else default_faults(mesh)
+        unknown = [name for name in faults if name not in mesh.pids]
+        if unknown:
+            parser.error(f"--faults: no process {', '.join(unknown)} (the mesh has {', '.join(mesh.pids)})")
+        log(f"mesh up: {', '.join(f'{name} {pid}' for name, pid in mesh.pids.items())}")
+        phases: dict[str, dict] = {}
+        asyncio.run(traffic(mesh, args.clients, WARMUP_S, args.seed - 1, None, 0))
+        with httpx.Client(timeout=10) as http:
+            for phase, fault in [("baseline", None), *((name, name) for name in faults)]:
+                time.sleep(SETTLE_S)
+                before, start = gateway_counts(http, mesh), time.monotonic()
+                result = asyncio.run(traffic(mesh, args.clients, args.phase_s, args.seed + len(phases),
+                                             mesh.pids[fault] if fault else None, args.freeze_s))
+                wall_s = time.monotonic() - start
+                after = gateway_counts(http, mesh)
+                figures = phase_figures(result, wall_s, {k: after[k] - before[k] for k in after})
+                if phase != "baseline":
+                    baseline = phases["baseline"]["requests_per_s"]
+                    figures["throughput_vs_baseline"] = round(figures["requests_per_s"] / baseline, 3) if baseline \
+                        else None
+                phases[phase] = figures
+                frozen = f"{fault} frozen {args.freeze_s:g} s" if fault else "nothing frozen"
+                log(f"{phase:>10}: {frozen}; {figures['completed']} completed, {figures['errors']} errors "
+                    f"{figures['error_kinds'] or ''}, {figures['cut']} closed early; end to end p50 "
+                    f"{figures['p50_s']} s, p99 {figures['p99_s']} s, slowest {figures['slowest_s']} s; "
+                    f"{figures['requests_per_s']} requests/s"
+                    + (f" ({figures['throughput_vs_baseline']}x the baseline's)" if fault else "")
+                    + (f"; the gateway: {figures['gateway']}" if figures["gateway"] else ""))
+            time.sleep(SETTLE_S)
+            left = leftovers(http, mesh)
+        is_up = mesh.proc.poll() is None
+    finally:
+        mesh.stop()
+    pages_leaked = sum(gauges.get("baton_kv_pages_used", 0) for name, gauges in left.items()
+                       if name.startswith("decode"))
+    log(f"after the last phase: {json.dumps(left)}; the mesh {'still up' if is_up else 'had stopped'}")
+    print(json.dumps({"errors_total": sum(p["errors"] for p in phases.values()), "pages_leaked": pages_leaked,
+                      "mesh_up": is_up, "phases": phases, "leftovers": left, "clients": args.clients,
+                      "phase_s": args.phase_s, "freeze_s": args.freeze_s, "prefill": args.prefill,
+                      "decode": args.decode}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
