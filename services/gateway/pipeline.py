@@ -35,8 +35,8 @@ the way: where each millisecond went, from the HTTP request's arrival to its las
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -181,9 +181,10 @@ class RequestPipeline(Admission):
         output: list[str] = []  # its texts, when they are logged
         try:
             # Among the running requests from its arrival, where an operator's abort finds it.
-            # A client's id again while a request of it runs here (its x-request-id reused): the workers are
-            # given one of its own, as vLLM's engine is, or they refuse it as in use.
-            worker_id = f"{request_id}~{uuid.uuid4().hex[:8]}" if self.running.is_running(request_id) else request_id
+            # The workers know it by an id of its own, as vLLM's engine does a client's: one client id may run
+            # twice at once (an x-request-id reused, or retried through another gateway of the same workers
+            # while the first try still runs), and a prefill worker holds a request's id until its handoff.
+            worker_id = f"{request_id}~{os.urandom(4).hex()}"
             with self.running.running(request_id) as running:
                 await self._pause_passed(running)
                 self.admit()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -74,24 +73,15 @@ class RunningRequests:
     def __init__(self, abort_on: Callable[[Worker, str], None]) -> None:
         self._abort_on = abort_on
         self._running: dict[RunningRequest, str] = {}  # each to its id at the gateway
-        self._num_named: Counter[str] = Counter()  # the running requests of each id
 
     @contextmanager
     def running(self, request_id: str) -> Iterator[RunningRequest]:
         request = RunningRequest(self._abort_on)
         self._running[request] = request_id
-        self._num_named[request_id] += 1
         try:
             yield request
         finally:
             del self._running[request]
-            self._num_named[request_id] -= 1
-            if not self._num_named[request_id]:
-                del self._num_named[request_id]
-
-    def is_running(self, request_id: str) -> bool:
-        """Whether a request of id `request_id` runs here."""
-        return request_id in self._num_named
 
     def abort_all(self) -> list[str]:
         """Abort every request past the pause; their ids."""

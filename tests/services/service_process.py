@@ -173,12 +173,20 @@ def assert_a_call_opened_ahead_ends_unavailable_at_shutdown(svc: ServiceProcess,
 # A worker's entry point with a fault injected in this copy of it (nothing makes a real engine fail
 # on demand): an engine step fails once a request whose id starts with "fail-" has been added, and
 # after SLOW_FAILING_STEP_S once one whose id starts with "slowfail-" has (calls made meanwhile queue
-# their engine work behind that step).
+# their engine work behind that step). With RESERVES_ON_ENV naming a decode worker's address, a prefill
+# worker adding a request whose id starts with "early-pages-" first reserves 32 tokens' pages there under
+# that id, as it does a long prompt's whose first pages it sends before computing the rest (early_pages.py):
+# what a prompt leaves behind on its decode worker where its prefill worker goes away before its first token.
 SLOW_FAILING_STEP_S = 2.0
+RESERVES_ON_ENV = "BATON_TEST_RESERVES_ON"
 _FAILING_STEP_WORKER = """
+import os
 import sys
 import time
+import grpc
 from engine.llm_engine import LLMEngine
+from protos import decode_pb2, decode_pb2_grpc
+from services.common.engine_loop import EngineLoop
 step, add_request = LLMEngine.step, LLMEngine.add_request
 
 def failing_step(self):
@@ -193,6 +201,18 @@ def arming_add_request(self, request_id, *args, **kwargs):
     return add_request(self, request_id, *args, **kwargs)
 
 LLMEngine.step, LLMEngine.add_request = failing_step, arming_add_request
+
+# On the event loop, as the call comes: behind a failing step, the engine thread never takes the request.
+loop_add_request = EngineLoop.add_request
+
+def reserving_add_request(self, request_id, *args, **kwargs):
+    if request_id.startswith("early-pages-") and os.environ.get("{reserves_on_env}"):
+        with grpc.insecure_channel(os.environ["{reserves_on_env}"]) as channel:
+            decode_pb2_grpc.DecodeStub(channel).Reserve(
+                decode_pb2.ReserveRequest(request_id=request_id, num_tokens=32), timeout=5)
+    return loop_add_request(self, request_id, *args, **kwargs)
+
+EngineLoop.add_request = reserving_add_request
 from services.{name}.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -201,4 +221,5 @@ sys.exit(main(sys.argv[1:]))
 def failing_step_worker(name: str) -> list[str]:
     """The command of `python -m services.<name>` (a worker) whose engine fails as said above."""
     return [sys.executable, "-c",
-            _FAILING_STEP_WORKER.replace("{name}", name).replace("{slow_s}", str(SLOW_FAILING_STEP_S))]
+            _FAILING_STEP_WORKER.replace("{name}", name).replace("{slow_s}", str(SLOW_FAILING_STEP_S))
+            .replace("{reserves_on_env}", RESERVES_ON_ENV)]

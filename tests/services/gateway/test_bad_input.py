@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from protos import decode_pb2, decode_pb2_grpc
-from tests.services.gateway.mesh import WHOLE_POOL_TOKENS, metric_value
+from tests.services.gateway.mesh import WHOLE_POOL_TOKENS, gateway_client, metric_value
 
 LONG_PROMPT = "word " * 3000  # well over the 2048-token context
 
@@ -383,4 +383,23 @@ def test_a_request_id_reused_while_it_runs_is_served_each_time(mesh):
     assert {reply.json()["id"] for reply in replies} == {"reused-id"}
     assert len({reply.json()["choices"][0]["text"] for reply in replies}) == 1
     assert all(worker.proc.poll() is None for worker in [*mesh.prefill, *mesh.decode])
+    mesh.assert_decode_pools_free()
+
+
+def test_a_request_id_sent_through_two_gateways_at_once_is_served_by_both(mesh):
+    """Two gateways in front of the same workers, given one x-request-id at once (a proxy's retry through the
+    other while the first try still runs): each serves it. Each gateway knows only its own running ids, and
+    both routed it to the same workers, which refused the second as in use (a 400, or an error event after
+    its first token) while each passed the client's id on as the workers' own."""
+    body = {"model": mesh.model_name, "prompt": "Once upon a time", "max_tokens": 32, "temperature": 0,
+            "ignore_eos": True}
+    with gateway_client(mesh) as second:
+        urls = [mesh.gateway.base_url, str(second.base_url).removesuffix("/v1/")]
+        with ThreadPoolExecutor(2) as pool:
+            for _ in range(3):
+                replies = list(pool.map(lambda url: httpx.post(f"{url}/v1/completions", json=body, timeout=30,
+                                                               headers={"x-request-id": "one-id"}), urls))
+                assert [reply.status_code for reply in replies] == [200, 200], [reply.text for reply in replies]
+                assert [reply.json()["choices"][0]["text"] for reply in replies][0] == \
+                    [reply.json()["choices"][0]["text"] for reply in replies][1]
     mesh.assert_decode_pools_free()

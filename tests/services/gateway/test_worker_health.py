@@ -39,6 +39,7 @@ from tests.services.gateway.mesh import (
     stop_mesh,
 )
 from tests.services.service_process import (
+    RESERVES_ON_ENV,
     ServiceProcess,
     failing_step_worker,
     metrics_address,
@@ -282,17 +283,19 @@ def test_names_are_resolved_again_as_configured(tiny_demo_model):
 def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_another(tiny_demo_model):
     """Prefill worker A's engine fails on a "slowfail-" prompt, after SLOW_FAILING_STEP_S: that
     prompt fails (it may make any worker's engine fail), and the one queued behind it, which A
-    answers UNAVAILABLE, is sent to B instead and served, the pages reserved under its id on the
-    decode worker (as A reserves a long prompt's to send them early) freed first. B is paused until
-    both prompts are on A."""
+    answers UNAVAILABLE, is sent to B instead and served, the pages A reserved under its id on the
+    decode worker (as it reserves a long prompt's to send them early) freed first: B's Reserve under
+    that id was refused (a 400 "already holds blocks"). B is paused until both prompts are on A."""
     with processes() as started:
         tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
-        failing = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128",
-                                 command=failing_step_worker("prefill"), wait=False)
-        other = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128", wait=False)
         decode = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", str(DECODE_KV_BLOCKS),
                                 wait=False)
-        wait_serving(started, [tokenizer, failing, other, decode])
+        other = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128", wait=False)
+        wait_serving(started, [decode])  # its address is A's to reserve on
+        failing = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128",
+                                 command=failing_step_worker("prefill"), wait=False,
+                                 env={RESERVES_ON_ENV: decode.address})
+        wait_serving(started, [tokenizer, failing, other])
         other.proc.send_signal(signal.SIGSTOP)  # the gateway sees it only once it answers
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [failing.address, other.address],
                                  [decode.address], "--local-prefill-max-tokens", "0")
@@ -301,13 +304,10 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
                 return httpx.post(f"{gateway.base_url}/v1/completions", headers={"x-request-id": request_id},
                                   timeout=30, json={"model": tiny_demo_model.name, "prompt": "Hello", "max_tokens": 4})
 
-            # What A would hold there had it computed part of a long prompt and sent its pages early.
-            decode_pb2_grpc.DecodeStub(decode.channel).Reserve(
-                decode_pb2.ReserveRequest(request_id="queued-1", num_tokens=32), timeout=5)
             with ThreadPoolExecutor(2) as pool:
                 doomed = pool.submit(complete, "slowfail-1")
                 time.sleep(0.5)
-                queued = pool.submit(complete, "queued-1")
+                queued = pool.submit(complete, "early-pages-1")
                 time.sleep(0.3)
                 other.proc.send_signal(signal.SIGCONT)
                 assert doomed.result().status_code == 500
