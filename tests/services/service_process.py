@@ -183,6 +183,7 @@ _FAILING_STEP_WORKER = """
 import os
 import sys
 import time
+import services.common.grpc_env  # before grpc, as the worker's own entry point has it
 import grpc
 from engine.llm_engine import LLMEngine
 from protos import decode_pb2, decode_pb2_grpc
