@@ -37,7 +37,6 @@ import os
 import random
 import re
 import signal
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench.local_mesh import LocalMesh, log  # noqa: E402
 from engine.demo_model import ensure_demo_model  # noqa: E402
+from loadgen.metrics import summarize  # noqa: E402
 
 FREEZE_AT_S = 2.0
 WARMUP_S = 10.0  # of the same traffic, not counted: the baseline would carry the mesh's first requests
@@ -155,12 +155,11 @@ def leftovers(client: httpx.Client, mesh: LocalMesh) -> dict[str, dict[str, floa
 
 
 def phase_figures(result: PhaseResult, wall_s: float, counts: dict[str, float]) -> dict:
-    seconds = sorted(result.seconds)
-    return {"completed": len(seconds), "errors": sum(result.errors.values()), "error_kinds": dict(result.errors),
-            "cut": result.num_cut, "requests_per_s": round(len(seconds) / wall_s, 3),
-            "p50_s": round(statistics.median(seconds), 3) if seconds else None,
-            "p99_s": round(seconds[min(len(seconds) - 1, int(0.99 * len(seconds)))], 3) if seconds else None,
-            "slowest_s": round(seconds[-1], 3) if seconds else None,
+    summary = summarize(result.seconds, (50, 99)) or {}
+    return {"completed": len(result.seconds), "errors": sum(result.errors.values()), "error_kinds": dict(result.errors),
+            "cut": result.num_cut, "requests_per_s": round(len(result.seconds) / wall_s, 3),
+            **{name: round(summary[key], 3) if summary else None
+               for name, key in (("p50_s", "p50"), ("p99_s", "p99"), ("slowest_s", "max"))},
             "gateway": {key: round(value) for key, value in counts.items() if value}}
 
 
@@ -209,8 +208,9 @@ def main(argv=None) -> int:
                         else None
                 phases[phase] = figures
                 frozen = f"{fault} frozen {args.freeze_s:g} s" if fault else "nothing frozen"
-                log(f"{phase:>10}: {frozen}; {figures['completed']} completed, {figures['errors']} errors "
-                    f"{figures['error_kinds'] or ''}, {figures['cut']} closed early; end to end p50 "
+                log(f"{phase:>10}: {frozen}; {figures['completed']} completed, {figures['errors']} errors"
+                    + (f" {figures['error_kinds']}" if figures["error_kinds"] else "")
+                    + f", {figures['cut']} closed early; end to end p50 "
                     f"{figures['p50_s']} s, p99 {figures['p99_s']} s, slowest {figures['slowest_s']} s; "
                     f"{figures['requests_per_s']} requests/s"
                     + (f" ({figures['throughput_vs_baseline']}x the baseline's)" if fault else "")

@@ -273,10 +273,12 @@ class StepSources:
         self._background.add(task)
         task.add_done_callback(_forget(self._background))
 
-    async def _abort(self, worker: Worker, request_id: str) -> None:
+    async def _abort(self, worker: Worker, request_id: str,
+                     finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED) -> None:
         """Abort `request_id` on decode `worker` now; where that fails, the worker's lease frees it."""
         try:
-            await worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id), timeout=self.deadlines.abort_s)
+            await worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id, finish_reason=finish_reason),
+                                    timeout=self.deadlines.abort_s)
         except grpc.aio.AioRpcError:
             pass
 
@@ -284,9 +286,7 @@ class StepSources:
         """Abort on decode in the background: it must run even when the caller was
         cancelled, and the consumer need not wait for it. `finish_reason`: why the request
         ended here when it finished (a stop string), UNSPECIFIED when it was cut short."""
-        self._in_background(worker.stub.Abort(decode_pb2.AbortRequest(request_id=request_id,
-                                                                      finish_reason=finish_reason),
-                                              timeout=self.deadlines.abort_s))
+        self._in_background(self._abort(worker, request_id, finish_reason))
 
 
 def _forget(tasks: set[asyncio.Task]):

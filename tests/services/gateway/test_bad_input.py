@@ -400,6 +400,5 @@ def test_a_request_id_sent_through_two_gateways_at_once_is_served_by_both(mesh):
                 replies = list(pool.map(lambda url: httpx.post(f"{url}/v1/completions", json=body, timeout=30,
                                                                headers={"x-request-id": "one-id"}), urls))
                 assert [reply.status_code for reply in replies] == [200, 200], [reply.text for reply in replies]
-                assert [reply.json()["choices"][0]["text"] for reply in replies][0] == \
-                    [reply.json()["choices"][0]["text"] for reply in replies][1]
+                assert len({reply.json()["choices"][0]["text"] for reply in replies}) == 1
     mesh.assert_decode_pools_free()
