@@ -119,11 +119,14 @@ class ModelTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # The same ids as `Tokenizer.encode`, which holds the GIL throughout (a 1 MB text stalls every
+        # other thread, a server's event loop too, for 0.6 s here) and tracks offsets nothing reads:
+        # the batch call without them lets go of the GIL and takes 25-30% less time.
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
     def encode_pair(self, first: str, second: str) -> list[int]:
         """Two texts as one sequence, as the tokenizer's pair template joins them (a cross-encoder's input)."""
-        return self.tokenizer.encode(first, second, add_special_tokens=True).ids
+        return self.tokenizer.encode_batch_fast([(first, second)], add_special_tokens=True)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Raises ValueError for an id no u32 holds (the library's OverflowError)."""

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import time
 
 import pytest
 from tokenizers import Tokenizer
@@ -21,6 +23,31 @@ def test_encode_decode_equal_tokenizers(model_dir):
         ids = tok.encode(text)
         assert tok.decode(ids) == raw.decode(ids, skip_special_tokens=True)
         assert tok.decode(ids, skip_special_tokens=False) == raw.decode(ids, skip_special_tokens=False)
+
+
+def test_pairs_encode_as_the_tokenizers_pair_template_joins_them(model_dir):
+    raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok = ModelTokenizer.from_dir(model_dir)
+    for first, second in zip(TEXTS, reversed(TEXTS)):
+        assert tok.encode_pair(first, second) == raw.encode(first, second, add_special_tokens=True).ids
+
+
+def test_a_long_encode_on_a_thread_leaves_the_event_loop_running(demo_model_dir):
+    """A server encodes a long prompt on a thread so that its other requests go on meanwhile: not so
+    where the encode holds the GIL throughout (`Tokenizer.encode` does: 1-3 loop turns in its 0.5 s)."""
+    tok = ModelTokenizer.from_dir(demo_model_dir)
+    text = "Some words to encode, over and over again. " * 25000
+
+    async def loop_turns_while_encoding() -> tuple[int, float]:
+        encoding = asyncio.ensure_future(asyncio.to_thread(tok.encode, text))
+        turns, started = 0, time.monotonic()
+        while not encoding.done():
+            await asyncio.sleep(0.001)
+            turns += 1
+        return turns, time.monotonic() - started
+
+    turns, took_s = asyncio.run(loop_turns_while_encoding())
+    assert turns >= took_s * 1000 / 20, (turns, took_s)  # a turn a millisecond or so, 20x room
 
 
 def test_demo_model_metadata(demo_model_dir):
