@@ -107,9 +107,9 @@ class RequestPipeline(Admission):
         self.stream_interval = stream_interval  # a request's unless its sampling parameters name their own
         # Its trust_request_chat_template, template defaults and generation_defaults are the APIs' too
         # (/tokenize, sampling).
-        self.prompts = PromptEncoder(tokenizer, tokenizers, deadlines.tokenizer_s, local_tokenize_max_chars,
-                                     trust_request_chat_template, generation_defaults, default_chat_template_kwargs,
-                                     chat_content_format)
+        self.prompts = PromptEncoder(tokenizer, tokenizers, deadlines.tokenizer_s, deadlines.tokenizer_hedge_s,
+                                     local_tokenize_max_chars, trust_request_chat_template, generation_defaults,
+                                     default_chat_template_kwargs, chat_content_format)
         self.steps = StepSources(prefill, decode, deadlines, kv_transport, prefill_router, self.requests,
                                  preopen_prefill_calls)
         self.pooling = PoolingMetrics(self.metrics)  # embeddings_api.py's requests, by either API

@@ -4,10 +4,12 @@ ids as given; then left-truncated as asked and checked against the model's conte
 Short prompts are encoded here, with the same tokenizer and template the tokenizer service has
 (a round trip off their path); long ones, and conversations with a template of their own, by
 the least loaded serving tokenizer service, off the gateway's event loop. Where no tokenizer service
-serves, or the one asked went away or did not answer in time, a long prompt is encoded here after all,
-on a thread (`baton_gateway_tokenizer_fallbacks_total`), as vLLM's and SGLang's front ends encode every
-prompt: a tokenizer service down does not take serving down with it. Not a conversation with a template
-of its own: nothing bounds its time.
+serves, or the one asked went away, a long prompt is encoded here after all, on a thread
+(`baton_gateway_tokenizer_fallbacks_total`), as vLLM's and SGLang's front ends encode every prompt: a
+tokenizer service down does not take serving down with it. So is one the service has not answered within
+`hedge_after_s`, while its call goes on, and the first answer is taken (a hedged request): a service
+stalled without closing its connections is otherwise found only by keepalive or the call's deadline
+(10-20 s). Not a conversation with a template of its own: nothing bounds its time here.
 """
 from __future__ import annotations
 
@@ -37,6 +39,17 @@ TOKENIZER_FALLBACKS = Counter("baton_gateway_tokenizer_fallbacks_total",
                               "or the one asked went away or did not answer in time")
 # What a tokenizer service that is gone or stalled answers; any other error is the prompt's.
 _SERVICE_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _went_away(error: BaseException) -> bool:
+    return isinstance(error, grpc.aio.AioRpcError) and error.code() in _SERVICE_GONE
+
+
+def _drop_unread_error(task: asyncio.Future) -> None:
+    """Marks an error of an answer nobody waited for as read: it is the same error the answer taken had, or
+    was not taken at all."""
+    if not task.cancelled():
+        task.exception()
 
 
 def as_the_service_reads(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -69,16 +82,20 @@ class PromptEncoder:
     Prompts (or conversations' content) of at most `local_tokenize_max_chars` characters are encoded
     with `tokenizer` (0: none are). A request's own chat template only with
     `trust_request_chat_template`. `generation_defaults.max_new_tokens` caps a request with no max_tokens.
+    `timeout_s`: the tokenizer service's calls' deadline; `hedge_after_s`: how long one that can be
+    answered here waits for the service alone.
     `default_template_kwargs`: chat template variables a request's `chat_template_kwargs` leaves out
     (vLLM's --default-chat-template-kwargs); `content_format`: how messages' content reaches the
     template (vLLM's --chat-template-content-format, content_format.py)."""
 
-    def __init__(self, tokenizer: ModelText, tokenizers: WorkerPool, timeout_s: float, local_tokenize_max_chars: int,
-                 trust_request_chat_template: bool, generation_defaults: GenerationDefaults,
-                 default_template_kwargs: Mapping[str, Any] | None = None, content_format: str = "auto") -> None:
+    def __init__(self, tokenizer: ModelText, tokenizers: WorkerPool, timeout_s: float, hedge_after_s: float,
+                 local_tokenize_max_chars: int, trust_request_chat_template: bool,
+                 generation_defaults: GenerationDefaults, default_template_kwargs: Mapping[str, Any] | None = None,
+                 content_format: str = "auto") -> None:
         self.tokenizer = tokenizer
         self.tokenizers = tokenizers
         self.timeout_s = timeout_s
+        self.hedge_after_s = hedge_after_s
         self.local_tokenize_max_chars = local_tokenize_max_chars
         self.trust_request_chat_template = trust_request_chat_template
         self.generation_defaults = generation_defaults
@@ -161,18 +178,42 @@ class PromptEncoder:
     async def by_service(self, num_chars: int, ask: Callable[[Any], Awaitable[T]], here: Callable[[], T] | None) -> T:
         """What `ask(stub)` makes of the least loaded serving tokenizer service's answer (its `num_chars`
         stand in for the tokens in its load: they are not counted yet); `here()`, on a thread, where none
-        serves or it went away or did not answer in time (`here` None: that error stands)."""
+        serves or it went away (`here` None: that error stands), or where it has not answered within
+        hedge_after_s and `here()` answers first."""
         try:
             with self.tokenizers.hold(num_tokens=num_chars) as service:
-                return await ask(service.stub)
+                if here is None:
+                    return await ask(service.stub)
+                return await self._first_answer(ask(service.stub), here)
         except NoHealthyWorkerError:
             if here is None:
                 raise
         except grpc.aio.AioRpcError as e:
-            if here is None or e.code() not in _SERVICE_GONE:
+            if here is None or not _went_away(e):
                 raise
         TOKENIZER_FALLBACKS.inc()
         return await asyncio.to_thread(here)
+
+    async def _first_answer(self, asked: Awaitable[T], here: Callable[[], T]) -> T:
+        """`asked`'s answer, or once it has none after hedge_after_s, the first of it and `here()`'s (on a
+        thread); `asked`'s error where the service did not go away. The call left is cancelled; a thread
+        cannot be, and what it makes is dropped."""
+        call = asyncio.ensure_future(asked)
+        try:
+            done, _ = await asyncio.wait({call}, timeout=self.hedge_after_s)
+            if not done:
+                local = asyncio.ensure_future(asyncio.to_thread(here))
+                local.add_done_callback(_drop_unread_error)
+                done, _ = await asyncio.wait({call, local}, return_when=asyncio.FIRST_COMPLETED)
+                if call not in done:
+                    TOKENIZER_FALLBACKS.inc()
+                    return local.result()
+                if call.exception() is not None and _went_away(call.exception()):
+                    TOKENIZER_FALLBACKS.inc()
+                    return await local
+            return call.result()
+        finally:
+            call.cancel()
 
     def truncated(self, prompt: Sequence[int], keep: int) -> Sequence[int]:
         """The prompt's last `keep` tokens (-1: the context's worth; unknown context, all of them)."""

@@ -58,9 +58,11 @@ MAX_PREFILL_RETRIES = 2
 
 @dataclass(frozen=True)
 class Deadlines:
-    """Seconds each call may take before it fails with DEADLINE_EXCEEDED."""
+    """Seconds each call may take before it fails with DEADLINE_EXCEEDED; `tokenizer_hedge_s`: before a
+    prompt the gateway can encode itself is encoded here too (prompt_encoder.py)."""
 
     tokenizer_s: float = 10.0
+    tokenizer_hedge_s: float = 1.0
     prefill_s: float = 120.0
     decode_s: float = 3600.0  # the whole stream
     abort_s: float = 5.0

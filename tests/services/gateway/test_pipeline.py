@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from contextlib import aclosing
 
 import pytest
@@ -176,6 +177,36 @@ def test_short_prompts_are_encoded_here_and_long_ones_by_the_tokenizer_service(m
     assert joined(text)[1] == expected and text[-1].usage.prompt_tokens == len(prompt)
     assert chat[-1].usage.prompt_tokens == len(chat_prompt)
     assert long[-1].usage.prompt_tokens == len(model_tokenizer.encode(long_text))
+    assert_pools_free(mesh)
+
+
+def test_a_long_prompt_the_tokenizer_service_does_not_answer_is_encoded_here_after_a_second(
+        mesh, model_tokenizer):
+    """A service that took the connection and says nothing (frozen, or a hung host) holds a call until its
+    deadline (10 s) or keepalive finds it (10-20 s): after Deadlines.tokenizer_hedge_s (1 s) without its
+    answer the gateway encodes the prompt (a conversation too) itself."""
+    long_text = PROMPT * 5
+    messages = [{"role": "user", "content": long_text}]
+
+    def fallbacks() -> float:
+        return REGISTRY.get_sample_value("baton_gateway_tokenizer_fallbacks_total")
+
+    async def body(pipeline):
+        before, started = fallbacks(), time.monotonic()
+        text = await collect(pipeline.generate("silent-text", prompt_text=long_text, sampling=greedy(2)))
+        chat = await collect(pipeline.generate("silent-chat", messages=messages, sampling=greedy(2)))
+        return text, chat, fallbacks() - before, time.monotonic() - started
+
+    with socket.socket() as silent:  # its backlog takes the connection; nothing reads it
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        text, chat, fallen_back, took_s = run_with_pipeline(
+            mesh, model_tokenizer, body, tokenizer_address=f"127.0.0.1:{silent.getsockname()[1]}",
+            local_tokenize_max_chars=200)
+    assert text[-1].usage.prompt_tokens == len(model_tokenizer.encode(long_text))
+    assert chat[-1].usage.prompt_tokens == len(model_tokenizer.apply_chat_template(messages)[1])
+    assert fallen_back == 2
+    assert took_s < 8  # two hedges of a second each and the replies; 20 s at least without them
     assert_pools_free(mesh)
 
 
