@@ -254,6 +254,10 @@ class BlockManager:
         """Give back reserved pages nobody adopted (lease expiry, abort). False if unknown."""
         return self.reservations.release(reservation_id)
 
+    def rename_reservation(self, reservation_id: str, new_id: str) -> bool:
+        """Hold reserved pages under `new_id`, so that `reservation_id` may reserve again. False if unknown."""
+        return self.reservations.rename(reservation_id, new_id)
+
     def adopt(self, reservation_id: str, seq: Sequence) -> None:
         """Make the reserved pages `seq`'s leading blocks, their KV already written for
         its first `seq.num_computed_tokens` tokens (and its states, in the last `num_state_blocks`).

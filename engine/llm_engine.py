@@ -256,6 +256,10 @@ class LLMEngine:
     def release_reservation(self, request_id: str) -> bool:
         return self.block_manager.release(request_id)
 
+    def rename_reservation(self, request_id: str, new_id: str) -> bool:
+        """Hold `request_id`'s reserved pages under `new_id` (freed by `release_reservation(new_id)`)."""
+        return self.block_manager.rename_reservation(request_id, new_id)
+
     def add_prefilled_request(
         self, request_id: str, prompt_token_ids: list[int], first_token_id: int, sampling_params: SamplingParams,
         output_token_ids: list[int] | tuple[int, ...] = (),

@@ -35,6 +35,16 @@ class Reservations:
             self.pool.free_block_ids.push(block_id)
         return True
 
+    def rename(self, reservation_id: str, new_id: str) -> bool:
+        """Hold `reservation_id`'s pages under `new_id` instead; False if unknown."""
+        if new_id in self.block_ids:
+            raise ValueError(f"{new_id!r} already holds blocks")
+        block_ids = self.block_ids.pop(reservation_id, None)
+        if block_ids is None:
+            return False
+        self.block_ids[new_id] = block_ids
+        return True
+
     def hand_over(self, reservation_id: str, num_computed_tokens: int, num_state_blocks: int = 0) -> list[int]:
         """The pages of `reservation_id`, reserved no more, for a sequence whose KV they hold for
         its first `num_computed_tokens` tokens (and its recurrent states, in the last `num_state_blocks`); the

@@ -19,9 +19,9 @@ class Lease:
 
 
 class LeaseTable:
-    """`on_expire(request_id)` is called (on the loop) for a lease nobody claimed in `lease_s`."""
+    """`on_expire(lease)` is called (on the loop) for a lease nobody claimed in `lease_s`."""
 
-    def __init__(self, lease_s: float, on_expire: Callable[[str], None]) -> None:
+    def __init__(self, lease_s: float, on_expire: Callable[[Lease], None]) -> None:
         self.lease_s = lease_s
         self._on_expire = on_expire
         self._by_reservation: dict[str, Lease] = {}
@@ -69,21 +69,22 @@ class LeaseTable:
             lease.timer.cancel()
             lease.timer = self._timer(lease.reservation_id)
 
-    def claim(self, reservation_id: str, request_id: str) -> bool:
-        """End the lease because Decode took the pages. False if unknown, expired or someone else's."""
+    def claim(self, reservation_id: str, request_id: str) -> Lease | None:
+        """End the lease because Decode took the pages; None if unknown, expired or someone else's."""
         lease = self._by_reservation.get(reservation_id)
         if lease is None or lease.request_id != request_id:
-            return False
+            return None
         self._drop(lease)
-        return True
+        return lease
 
-    def revoke(self, request_id: str) -> bool:
-        """End the lease of `request_id` (Abort); the caller frees the pages. False if none."""
+    def revoke(self, request_id: str) -> Lease | None:
+        """End the lease of `request_id` (Abort); the caller frees the pages. None if none."""
         reservation_id = self._by_request.get(request_id)
         if reservation_id is None:
-            return False
-        self._drop(self._by_reservation[reservation_id])
-        return True
+            return None
+        lease = self._by_reservation[reservation_id]
+        self._drop(lease)
+        return lease
 
     def close(self) -> None:
         for lease in list(self._by_reservation.values()):
@@ -99,4 +100,4 @@ class LeaseTable:
         lease = self._by_reservation.get(reservation_id)
         if lease is not None:
             self._drop(lease)
-            self._on_expire(lease.request_id)
+            self._on_expire(lease)

@@ -13,14 +13,16 @@ Status codes:
 - INTERNAL: the engine failed in a step that was running the request.
 
 Pages are freed on finish, Abort, lease expiry and client cancellation of Decode or
-GenerateLocally (which prefills a short prompt here instead of on a prefill worker).
+GenerateLocally (which prefills a short prompt here instead of on a prefill worker); a reservation's
+only once no prefill process is copying into them (fenced_reservations.py).
 An Abort that names a finish reason (the gateway matched a stop string) ends the request
 as finished for that reason: its stream's last chunk carries it, and it is counted so.
 
 Metrics: Reserve calls waiting for pages (`baton_kv_reserves_waiting`); requests finished by finish
 reason, and errors by reason: `unavailable`,
 `invalid_argument`, `no_free_pages` (Reserve refused), `reservation_not_found`,
-`lease_expired`, `aborted` (an Abort without a finish reason ended a running request),
+`lease_expired`, `pages_fenced` (a reservation ended while a prefill process copied into its pages),
+`aborted` (an Abort without a finish reason ended a running request),
 `cancelled` (its caller went away), `engine_failed`.
 
 A chunk holds the tokens of one or more engine steps: the request's stream interval, and steps
@@ -50,11 +52,13 @@ from services.common.grpc_server import OpenedAhead
 from services.common.metrics import ServiceMetrics
 from services.common.prompt_embeds import given_inputs
 from services.decode.decode_chunks import CallPhases, decode_chunks
-from services.decode.leases import LeaseTable
+from services.decode.fenced_reservations import FencedReservations
+from services.decode.leases import Lease, LeaseTable
 from services.decode.output_batches import OutputBatches
 from services.decode.reserve_queue import ReserveQueue, WorkerStopping
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
+from services.kvstore.page_fence import PageFence
 
 SERVICE_NAME = decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name
 ENGINE_DEAD = "the decode engine failed; the worker is stopping"
@@ -68,6 +72,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.lease_ms = lease_ms
         self.engine_loop: EngineLoop | None = None
         self.leases: LeaseTable | None = None
+        self.reserved_pages: FencedReservations | None = None
         self.layout: PageLayout | None = None
         self.shm_name = ""
         self.cuda_ipc_handle = b""
@@ -79,10 +84,12 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.reserves = ReserveQueue()  # Reserve calls waiting for pages
 
     def attach(self, engine_loop: EngineLoop, layout: PageLayout, metrics: ServiceMetrics, *, shm_name: str = "",
-               cuda_ipc_handle: bytes = b"") -> None:
+               fence: PageFence | None = None, cuda_ipc_handle: bytes = b"") -> None:
         """Must run on the server's event loop (the lease timers live there). The pool is reached on this host
-        through its segment `shm_name` (a CPU pool) or `cuda_ipc_handle` (a GPU pool), from any by the stream."""
+        through its segment `shm_name` (a CPU pool; `fence` its pages') or `cuda_ipc_handle` (a GPU pool),
+        from any by the stream."""
         self.engine_loop = engine_loop
+        self.reserved_pages = FencedReservations(engine_loop, fence, metrics)
         self.layout = layout
         self.shm_name = shm_name
         self.cuda_ipc_handle = cuda_ipc_handle
@@ -101,6 +108,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.opened_ahead.close()
         if self.leases is not None:
             self.leases.close()
+        if self.reserved_pages is not None:
+            self.reserved_pages.close()
 
     async def _ready(self, context) -> EngineLoop:
         if self.engine_loop is None:
@@ -114,10 +123,10 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.metrics.count_error(reason or code.name.lower())
         await context.abort(code, details)
 
-    def _on_lease_expired(self, request_id: str) -> None:
-        log.info("reservation for %r expired unclaimed; its pages are freed", request_id)
+    def _on_lease_expired(self, lease: Lease) -> None:
+        log.info("reservation for %r expired unclaimed; its pages are freed", lease.request_id)
         self.metrics.count_error("lease_expired")
-        self.engine_loop.submit(lambda engine: engine.release_reservation(request_id))
+        self.engine_loop.submit(self.reserved_pages.ending(lease))
 
     async def Reserve(self, request, context):
         engine_loop = await self._ready(context)
@@ -137,6 +146,7 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         except WorkerStopping as e:  # the request goes to another decode worker (the gateway's DecodeMoves)
             await self._abort(context, grpc.StatusCode.UNAVAILABLE, str(e))
         reservation_id = self.leases.grant(request.request_id, block_ids)
+        self.reserved_pages.granted(reservation_id, block_ids)
         return decode_pb2.Reservation(
             reservation_id=reservation_id, block_ids=block_ids, lease_ms=self.lease_ms,
             layout=layout_to_proto(self.layout), shm_name=self.shm_name, cuda_ipc_handle=self.cuda_ipc_handle,
@@ -179,10 +189,12 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
             await engine_loop.compile_guide(params)
         except ValueError as e:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        if not self.leases.claim(request.reservation_id, request.request_id):
+        lease = self.leases.claim(request.reservation_id, request.request_id)
+        if lease is None:
             await self._abort(context, grpc.StatusCode.NOT_FOUND,
                               f"no reservation {request.reservation_id!r} for request {request.request_id!r} "
                               "(unknown, expired or already claimed)", "reservation_not_found")
+        self.reserved_pages.claimed(lease)
         try:
             started = engine_loop.start_prefilled(request.request_id, list(request.prompt_token_ids),
                                                   request.first_token_id, params, list(request.output_token_ids),
@@ -228,8 +240,9 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     async def Abort(self, request, context):
         engine_loop = await self._ready(context)
         try:
-            if self.leases.revoke(request.request_id):
-                found = await engine_loop.release_reservation(request.request_id)
+            lease = self.leases.revoke(request.request_id)
+            if lease is not None:
+                found = await engine_loop.call(self.reserved_pages.ending(lease))
             else:
                 call = self._streaming.get(request.request_id)
                 if call is not None:  # noted first: the call may read the aborted output before this resumes

@@ -4,9 +4,10 @@ The decode worker owns the segment (`SharedKVPool.create`); a prefill process on
 same host maps it (`SharedKVPool.attach`) and copies its pages straight into the
 reserved blocks with `page_copy.copy_pages`.
 
-Segment = a 4 KiB header, then the pool tensor `[L, 2, Hkv, N, bs, D]` (page aligned).
-The header (fixed little-endian struct) names the layout and model fingerprint; attach
-checks it against the caller's layout and refuses a mismatch with LayoutMismatchError.
+Segment = a 4 KiB header, each page's reservation token (page_fence.py: a uint64 per page,
+padded to 4 KiB), then the pool tensor `[L, 2, Hkv, N, bs, D]` (page aligned). The header
+(fixed little-endian struct) names the layout and model fingerprint; attach checks it against
+the caller's layout and refuses a mismatch with LayoutMismatchError.
 
 Lifetime contract: `.tensor` and every view of it borrow the mapping. Drop them all
 before `close()`; a view that is still alive makes `close()` raise BufferError
@@ -30,10 +31,11 @@ import torch
 from engine.dtypes import PAGE_DTYPES
 from engine.kv_pool import PoolFile
 from services.kvstore.layout import LayoutMismatchError, PageLayout
+from services.kvstore.page_fence import TOKEN_BYTES, PageFence
 
 MAGIC = b"BATONKV\x00"
-VERSION = 1
-DATA_OFFSET = 4096  # page aligned, so the tensor is too
+VERSION = 2
+HEADER_BYTES = 4096
 MAX_FINGERPRINT_BYTES = 64
 # magic, version, data_offset, num_layers, num_kv_heads, block_size, head_dim,
 # num_blocks, dtype (NUL padded), fingerprint length, fingerprint (NUL padded)
@@ -91,23 +93,29 @@ def _allocate(name: str, size: int) -> None:
         os.close(fd)
 
 
+def data_offset(num_blocks: int) -> int:
+    """Where a pool of `num_blocks` pages starts in its segment: after the header and the pages' tokens,
+    page aligned (so the tensor is too)."""
+    return HEADER_BYTES + -(-num_blocks * TOKEN_BYTES // 4096) * 4096
+
+
 def _pack_header(layout: PageLayout) -> bytes:
     if len(layout.fingerprint) > MAX_FINGERPRINT_BYTES:
         raise ValueError(f"fingerprint is {len(layout.fingerprint)} bytes, at most {MAX_FINGERPRINT_BYTES} fit")
     return _HEADER.pack(
-        MAGIC, VERSION, DATA_OFFSET, layout.num_layers, layout.num_kv_heads, layout.block_size, layout.head_dim,
-        layout.num_blocks, layout.dtype.encode("ascii"), len(layout.fingerprint), layout.fingerprint,
+        MAGIC, VERSION, data_offset(layout.num_blocks), layout.num_layers, layout.num_kv_heads, layout.block_size,
+        layout.head_dim, layout.num_blocks, layout.dtype.encode("ascii"), len(layout.fingerprint), layout.fingerprint,
     )
 
 
 def _unpack_header(name: str, raw: bytes) -> PageLayout:
     if len(raw) < _HEADER.size:
         raise LayoutMismatchError(f"segment {name!r} is too small to hold a Baton KV pool header")
-    (magic, version, data_offset, num_layers, num_kv_heads, block_size, head_dim, num_blocks, dtype,
+    (magic, version, found_offset, num_layers, num_kv_heads, block_size, head_dim, num_blocks, dtype,
      fp_len, fingerprint) = _HEADER.unpack(raw[: _HEADER.size])
     if magic != MAGIC:
         raise LayoutMismatchError(f"segment {name!r} is not a Baton KV pool (magic {magic!r})")
-    if version != VERSION or data_offset != DATA_OFFSET:
+    if version != VERSION or found_offset != data_offset(num_blocks):
         raise LayoutMismatchError(f"segment {name!r} has header version {version}, this build reads {VERSION}")
     return PageLayout(
         num_layers=num_layers, num_kv_heads=num_kv_heads, block_size=block_size, head_dim=head_dim,
@@ -119,7 +127,7 @@ def _pool_view(buf: memoryview, layout: PageLayout) -> torch.Tensor:
     # Through numpy rather than torch.frombuffer: numpy holds the buffer export, so a
     # live view makes close() fail loudly; torch.frombuffer releases it and the view
     # would dangle (a segfault on use) after close().
-    raw = np.frombuffer(buf, dtype=np.uint8, count=layout.nbytes, offset=DATA_OFFSET)
+    raw = np.frombuffer(buf, dtype=np.uint8, count=layout.nbytes, offset=data_offset(layout.num_blocks))
     return torch.from_numpy(raw).view(PAGE_DTYPES[layout.dtype]).view(layout.shape)
 
 
@@ -132,6 +140,8 @@ class SharedKVPool:
         self.layout = layout
         self.is_owner = is_owner
         self.tensor: torch.Tensor | None = _pool_view(segment.buf, layout)
+        self.fence = PageFence(f"/dev/shm/{name}", np.frombuffer(segment.buf, dtype=np.uint64,
+                                                                 count=layout.num_blocks, offset=HEADER_BYTES))
         self._is_closed = False
 
     @classmethod
@@ -141,7 +151,7 @@ class SharedKVPool:
         mid-request), and no request pays the page faults of a first write."""
         name = name or NAME_PREFIX + secrets.token_hex(8)
         header = _pack_header(layout)
-        size = DATA_OFFSET + layout.nbytes
+        size = data_offset(layout.num_blocks) + layout.nbytes
         segment = shared_memory.SharedMemory(name=name, create=True, size=size)
         try:
             _allocate(name, size)
@@ -161,7 +171,7 @@ class SharedKVPool:
         try:
             found = _unpack_header(name, bytes(segment.buf[: _HEADER.size]))
             layout.check_compatible(found)
-            needed = DATA_OFFSET + found.nbytes
+            needed = data_offset(found.num_blocks) + found.nbytes
             if segment.size < needed:
                 raise LayoutMismatchError(f"segment {name!r} is {segment.size} bytes, its layout needs {needed}")
             return cls(segment, name, found, is_owner=False)
@@ -177,13 +187,14 @@ class SharedKVPool:
     def pool_file(self) -> PoolFile:
         """Where its tensor lies, for the engine's other tensor-parallel ranks to map (Linux names a POSIX
         segment so under /dev/shm)."""
-        return PoolFile(f"/dev/shm/{self.name}", DATA_OFFSET)
+        return PoolFile(f"/dev/shm/{self.name}", data_offset(self.num_blocks))
 
     def close(self) -> None:
         """Unmap (and, for the owner, unlink). Every view of `.tensor` must be gone first."""
         if self._is_closed:
             return
         self.tensor = None
+        self.fence.close()
         try:
             self._segment.close()
         except BufferError:

@@ -9,6 +9,8 @@ a mapping keeps the whole pool's memory alive, unlinked or not, for as long as i
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
@@ -37,6 +39,11 @@ class SharedMemoryTransport(CopyTransport):
             self._detach_gone()
             pool = self._pools[dest.shm_name] = SharedKVPool.attach(dest.shm_name, self.layout)
         return pool.tensor
+
+    def fenced(self, dest: KVDestination, dst_blocks: Sequence[int]) -> AbstractContextManager:
+        """Raises ReservationEndedError where the reservation ended before the copy: its pages may be
+        another request's (this process was stalled past its lease, or its request aborted)."""
+        return self._pools[dest.shm_name].fence.writing(dest.reservation_id, dst_blocks)
 
     def _detach_gone(self) -> None:
         for name in [name for name in self._pools if not Path(SHM_DIR, name).exists()]:

@@ -13,6 +13,7 @@ import asyncio
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -97,9 +98,15 @@ class CopyTransport(PageTransport):
         if bad is not None:
             raise DestinationError(f"target block id {bad} is outside the target pool [0, {pool.shape[3]})")
 
+    def fenced(self, dest: KVDestination, dst_blocks: Sequence[int]) -> AbstractContextManager:
+        """Held around a copy into `dst_blocks` of the opened `dest`: raises ValueError where they are
+        no longer its reservation's (page_fence.py). Here nothing: the pool has no fence."""
+        return nullcontext()
+
     async def write(self, request_id, src, src_blocks, dest, dst_blocks) -> int:
         args = (src, list(src_blocks), self.target_pool(dest), list(dst_blocks))
         block_bytes = src[:, :, :, 0].numel() * src.element_size()
-        if len(src_blocks) * block_bytes <= self.inline_max_bytes:
-            return copy_pages(*args)
-        return await asyncio.to_thread(copy_pages, *args)
+        with self.fenced(dest, dst_blocks):
+            if len(src_blocks) * block_bytes <= self.inline_max_bytes:
+                return copy_pages(*args)
+            return await asyncio.to_thread(copy_pages, *args)

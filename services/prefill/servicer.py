@@ -33,6 +33,9 @@ Status codes:
   also for a prompt still queued behind the step that failed: it never ran.
 - INTERNAL: the engine failed in a step that was computing the prompt.
 - ABORTED: the request was aborted in the engine.
+- NOT_FOUND: the reservation of the pages ended (its lease ran out, or it was aborted) before a
+  SHARED_MEMORY copy into them, which then copies nothing (services/kvstore/page_fence.py), as the
+  Decode call would find it.
 
 A long prompt whose pages go by GRPC_STREAM (computed in several chunks) may send each chunk's
 pages while the next computes, reserving them after its first chunk (early_pages.py); the handoff
@@ -77,6 +80,7 @@ from services.common.relayed_errors import relayed_from
 from services.common.request_outputs import RequestRefusedError
 from services.kvstore.host_id import host_id
 from services.kvstore.layout import PageLayout
+from services.kvstore.page_fence import ReservationEndedError
 from services.prefill.config import DEFAULT_RESERVE_WAIT_S
 from services.prefill.converters import (
     first_token_event,
@@ -289,6 +293,8 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             try:
                 timings.kv_transfer_early_bytes = early.num_bytes if early is not None else 0
                 timings.kv_transfer_bytes = await asyncio.shield(pending_copy) + timings.kv_transfer_early_bytes
+            except ReservationEndedError as e:  # as the Decode call would find it: the gateway prefills it again
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"cannot write the KV target: {e}")
             except ValueError as e:  # refused before writing anything (copy_pages checks first)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot write the KV target: {e}")
             except grpc.aio.AioRpcError as e:

@@ -177,8 +177,11 @@ def assert_a_call_opened_ahead_ends_unavailable_at_shutdown(svc: ServiceProcess,
 # worker adding a request whose id starts with "early-pages-" first reserves 32 tokens' pages there under
 # that id, as it does a long prompt's whose first pages it sends before computing the rest (early_pages.py):
 # what a prompt leaves behind on its decode worker where its prefill worker goes away before its first token.
+# With WRITES_AFTER_ENV naming a file, a prefill worker copies the pages of a request whose id starts with
+# "late-write-" only once the file exists: a worker stalled between its first token and its copy.
 SLOW_FAILING_STEP_S = 2.0
 RESERVES_ON_ENV = "BATON_TEST_RESERVES_ON"
+WRITES_AFTER_ENV = "BATON_TEST_WRITES_AFTER"
 _FAILING_STEP_WORKER = """
 import os
 import sys
@@ -214,6 +217,18 @@ def reserving_add_request(self, request_id, *args, **kwargs):
     return loop_add_request(self, request_id, *args, **kwargs)
 
 EngineLoop.add_request = reserving_add_request
+
+import asyncio
+from services.prefill.kv_writer import KVWriter
+kv_write = KVWriter.write
+
+async def late_write(self, transport, request_id, *args, **kwargs):
+    if request_id.startswith("late-write-") and os.environ.get("{writes_after_env}"):
+        while not os.path.exists(os.environ["{writes_after_env}"]):
+            await asyncio.sleep(0.01)
+    return await kv_write(self, transport, request_id, *args, **kwargs)
+
+KVWriter.write = late_write
 from services.{name}.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -223,4 +238,4 @@ def failing_step_worker(name: str) -> list[str]:
     """The command of `python -m services.<name>` (a worker) whose engine fails as said above."""
     return [sys.executable, "-c",
             _FAILING_STEP_WORKER.replace("{name}", name).replace("{slow_s}", str(SLOW_FAILING_STEP_S))
-            .replace("{reserves_on_env}", RESERVES_ON_ENV)]
+            .replace("{reserves_on_env}", RESERVES_ON_ENV).replace("{writes_after_env}", WRITES_AFTER_ENV)]

@@ -82,7 +82,7 @@ def test_retracted_requests_give_up_their_pages_and_are_recomputed_to_the_same_t
 def test_held_leases_do_not_run_out_until_released_and_then_get_a_whole_lease():
     async def main():
         expired: list[str] = []
-        leases = LeaseTable(0.1, expired.append)
+        leases = LeaseTable(0.1, lambda lease: expired.append(lease.request_id))
         leases.grant("before", [1])
         leases.hold()
         held = leases.grant("during", [2])

@@ -5,6 +5,7 @@ Tokens must equal a colocated engine's; pages must come back on finish, Abort, l
 expiry and client cancellation; SIGTERM exits 0 and removes the segment."""
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import signal
@@ -15,15 +16,20 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 from engine.config import EngineConfig
+from engine.dtypes import PAGE_DTYPES
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from protos import common_pb2, decode_pb2, decode_pb2_grpc
 from services.common.converters import layout_from_proto
 from services.decode.servicer import ENGINE_DEAD, SERVICE_NAME
 from services.kvstore.page_copy import copy_pages
+from services.kvstore.page_fence import ReservationEndedError
 from services.kvstore.shared_memory import SharedKVPool
+from services.kvstore.shm_transport import SharedMemoryTransport
+from services.kvstore.transport import KVDestination
 from tests.services.service_process import (
     SLOW_FAILING_STEP_S,
     ServiceProcess,
@@ -303,6 +309,63 @@ def test_abort_frees_a_reservation_and_is_idempotent(service):
     assert not service.stub.Abort(decode_pb2.AbortRequest(request_id="ab"), timeout=5).found
     assert not service.stub.Abort(decode_pb2.AbortRequest(request_id="never-seen"), timeout=5).found
     assert_whole_pool_free(service, within_s=0)
+
+
+def shm_write(reservation: decode_pb2.Reservation, block_ids: list[int], value: float) -> None:
+    """What a prefill process does with its computed pages: `value` into `block_ids` of the reservation's
+    pool, by the shared-memory transport (raises ReservationEndedError where the reservation ended)."""
+    layout = layout_from_proto(reservation.layout, num_blocks=len(block_ids))
+    transport = SharedMemoryTransport(layout)
+    dest = KVDestination(reservation.reservation_id, tuple(reservation.block_ids), shm_name=reservation.shm_name)
+    pages = torch.full(layout.shape, value, dtype=PAGE_DTYPES[layout.dtype])
+    try:
+        transport.open(dest)
+        asyncio.run(transport.write("writer", pages, range(len(block_ids)), dest, block_ids))
+    finally:
+        asyncio.run(transport.close())
+
+
+def test_a_copy_after_its_reservation_ended_writes_nothing(service):
+    """A prefill process stalled past the end of its reservation (aborted, or its lease out) must not write
+    pages that may be another request's by then: its copy is refused, the pages keep what they hold."""
+    def reserve(request_id: str) -> decode_pb2.Reservation:
+        return service.stub.Reserve(decode_pb2.ReserveRequest(request_id=request_id, num_tokens=len(PROMPT)),
+                                    timeout=5)
+
+    aborted = reserve("ended-by-abort")
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="ended-by-abort"), timeout=5).found
+    taker = service.stub.Reserve(decode_pb2.ReserveRequest(request_id="takes-its-pages",
+                                                           num_tokens=WHOLE_POOL_TOKENS), timeout=5)
+    shm_write(taker, list(aborted.block_ids), 2.0)
+    with pytest.raises(ReservationEndedError):
+        shm_write(aborted, list(aborted.block_ids), 1.0)
+    with SharedKVPool.attach(taker.shm_name, layout_from_proto(taker.layout, num_blocks=1)) as pool:
+        assert bool((pool.tensor[:, :, :, list(aborted.block_ids)] == 2.0).all())
+    assert service.stub.Abort(decode_pb2.AbortRequest(request_id="takes-its-pages"), timeout=5).found
+    expired = reserve("ended-by-lease")
+    time.sleep(LEASE_MS / 1000 + 0.3)
+    with pytest.raises(ReservationEndedError):
+        shm_write(expired, list(expired.block_ids), 1.0)
+    assert_whole_pool_free(service, within_s=1)
+
+
+def test_pages_a_copy_still_holds_when_their_reservation_ends_are_freed_once_it_lets_go(service):
+    """A prefill process frozen in the middle of a copy holds its pages' fence: ended (aborted) meanwhile,
+    they are kept from other requests until it lets go, while its request id may reserve again."""
+    reservation = service.stub.Reserve(decode_pb2.ReserveRequest(request_id="mid-copy", num_tokens=len(PROMPT)),
+                                       timeout=5)
+    with SharedKVPool.attach(reservation.shm_name, layout_from_proto(reservation.layout, num_blocks=1)) as pool:
+        with pool.fence.writing(reservation.reservation_id, reservation.block_ids):
+            assert service.stub.Abort(decode_pb2.AbortRequest(request_id="mid-copy"), timeout=5).found
+            again = service.stub.Reserve(decode_pb2.ReserveRequest(request_id="mid-copy", num_tokens=1), timeout=5)
+            assert not set(again.block_ids) & set(reservation.block_ids)
+            assert service.stub.Abort(decode_pb2.AbortRequest(request_id="mid-copy"), timeout=5).found
+            time.sleep(0.3)  # a few of the decode worker's tries
+            with pytest.raises(grpc.RpcError) as e:
+                service.stub.Reserve(decode_pb2.ReserveRequest(request_id="whole", num_tokens=WHOLE_POOL_TOKENS),
+                                     timeout=5)
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert_whole_pool_free(service, within_s=2)
 
 
 def test_abort_of_a_running_decode_ends_its_stream(service, prefill_engine):

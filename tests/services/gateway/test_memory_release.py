@@ -10,13 +10,15 @@ import signal
 import threading
 import time
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import httpx
 import pytest
 
 from protos import decode_pb2, decode_pb2_grpc
+from services.common.converters import layout_from_proto
 from services.decode.servicer import SERVICE_NAME as DECODE_SERVICE
-from services.kvstore.shared_memory import DATA_OFFSET as SEGMENT_HEADER_BYTES
+from services.kvstore.shared_memory import SharedKVPool, data_offset
 from services.tokenizer.servicer import SERVICE_NAME as TOKENIZER_SERVICE
 from tests.services.gateway.mesh import GatewayProcess
 from tests.services.gateway.test_generation_pause import StreamedSample
@@ -39,15 +41,21 @@ def is_sleeping(mesh) -> bool:
     return httpx.get(f"{mesh.gateway.base_url}/is_sleeping", timeout=10).json()["is_sleeping"]
 
 
-def pool_segments(mesh) -> list[str]:
+class Segment(NamedTuple):
+    path: str
+    header_bytes: int  # before its pool's pages: its layout and the pages' reservation tokens
+
+
+def pool_segments(mesh) -> list[Segment]:
     """Each decode worker's shared-memory KV pool, as a file of /dev/shm."""
-    paths = []
+    segments = []
     for worker in mesh.decode:
         stub = decode_pb2_grpc.DecodeStub(worker.channel)
         probe = stub.Reserve(decode_pb2.ReserveRequest(request_id="segment-probe", num_tokens=1), timeout=10)
         stub.Abort(decode_pb2.AbortRequest(request_id="segment-probe"), timeout=10)
-        paths.append(f"/dev/shm/{probe.shm_name}")
-    return paths
+        with SharedKVPool.attach(probe.shm_name, layout_from_proto(probe.layout, num_blocks=1)) as pool:
+            segments.append(Segment(f"/dev/shm/{probe.shm_name}", data_offset(pool.num_blocks)))
+    return segments
 
 
 @pytest.fixture
@@ -60,12 +68,12 @@ def awake(mesh):
 def test_released_memory_leaves_the_workers_and_a_request_waits_until_it_is_back(mesh, awake):
     expected = greedy(mesh)
     segments = pool_segments(mesh)
-    assert all(os.stat(path).st_blocks * 512 > 2**20 for path in segments)
+    assert all(os.stat(path).st_blocks * 512 > 2**20 for path, _ in segments)
     answer = post(mesh, "/release_memory_occupation", json={"tags": ["weights", "kv_cache"]})
     assert answer.status_code == 200 and answer.json()["success"], answer.text
-    assert int(answer.json()["message"].split()[0]) > sum(os.stat(path).st_size for path in segments) // 2
-    # The pools' pages are the host's again; the segment's header page (its layout) stays.
-    assert all(os.stat(path).st_blocks * 512 <= SEGMENT_HEADER_BYTES for path in segments)
+    assert int(answer.json()["message"].split()[0]) > sum(os.stat(path).st_size for path, _ in segments) // 2
+    # The pools' pages are the host's again; the segment's header (its layout and tokens) stays.
+    assert all(os.stat(path).st_blocks * 512 <= header_bytes for path, header_bytes in segments)
     assert is_sleeping(mesh)
     assert released_by_worker(mesh) == [["weights", "kv_cache"]] * 4
     arriving: dict = {}
@@ -145,7 +153,7 @@ def test_a_worker_that_joins_while_memory_is_released_gives_it_back_before_it_is
     try:
         wait_all_serving([tokenizer, first, late])
         [segment] = pool_segments(SimpleNamespace(decode=[late]))
-        assert os.stat(segment).st_blocks * 512 > 2**20  # its pool was filled when made
+        assert os.stat(segment.path).st_blocks * 512 > 2**20  # its pool was filled when made
         late.proc.send_signal(signal.SIGSTOP)
         gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [], [first.address, late.address],
                                  "--colocated")
@@ -155,7 +163,7 @@ def test_a_worker_that_joins_while_memory_is_released_gives_it_back_before_it_is
         late.proc.send_signal(signal.SIGCONT)
         wait_until(lambda: workers(gateway)[("decode", "serving")] == 2, timeout_s=20)
         assert released_by_worker(on_first) == [["weights", "kv_cache"]] * 2
-        assert os.stat(segment).st_blocks * 512 <= SEGMENT_HEADER_BYTES
+        assert os.stat(segment.path).st_blocks * 512 <= segment.header_bytes
         assert post(on_first, "/resume_memory_occupation").status_code == 200
         assert released_by_worker(on_first) == [[], []]
         assert first.terminate() == 0

@@ -40,6 +40,7 @@ from tests.services.gateway.mesh import (
 )
 from tests.services.service_process import (
     RESERVES_ON_ENV,
+    WRITES_AFTER_ENV,
     ServiceProcess,
     failing_step_worker,
     metrics_address,
@@ -318,6 +319,59 @@ def test_a_prompt_whose_prefill_worker_goes_away_before_its_first_token_goes_to_
             gateway.terminate()
 
 
+def test_a_prefill_worker_that_copies_pages_after_their_request_ended_leaves_their_next_request_be(
+        tiny_demo_model, tmp_path):
+    """The prefill worker stalls between request A's first token and the copy of A's pages; A is cancelled
+    meanwhile (as the gateway gives up on a prefill worker that stopped answering): its pages are freed
+    and, the only free ones, reserved for request B, written and decoded from. A's copy, once it comes, is
+    refused: it would have overwritten B's prompt in the middle of B's stream (B's text changed)."""
+    go = tmp_path / "copy-now"
+    with processes() as started:
+        tokenizer = ServiceProcess("tokenizer", TOKENIZER_SERVICE, tiny_demo_model, wait=False)
+        prefill = ServiceProcess("prefill", PREFILL_SERVICE, tiny_demo_model, "--kv-blocks", "128",
+                                 command=failing_step_worker("prefill"), wait=False, env={WRITES_AFTER_ENV: str(go)})
+        decode = ServiceProcess("decode", DECODE_SERVICE, tiny_demo_model, "--kv-blocks", "64", wait=False)
+        wait_serving(started, [tokenizer, prefill, decode])
+        gateway = GatewayProcess(tiny_demo_model, tokenizer.address, [prefill.address], [decode.address],
+                                 "--local-prefill-max-tokens", "0")
+        hog = decode_pb2_grpc.DecodeStub(decode.channel)
+        client = openai.OpenAI(base_url=f"{gateway.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+        def create(prompt: str, request_id: str, max_tokens: int):
+            return client.completions.create(model=tiny_demo_model.name, prompt=prompt, max_tokens=max_tokens,
+                                             temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                             extra_headers={"x-request-id": request_id})
+
+        decode_metrics = f"http://{metrics_address(decode)}"
+
+        def pages_used() -> float:
+            return metric_value(decode_metrics, "baton_kv_pages_used")
+
+        # A's pages (4) outnumber B's prompt's (3): B's reservation lies in them, with room to grow a little.
+        prompt_a, prompt_b = "Once upon a time, " * 12, "The quick brown fox jumps. " * 6
+        try:
+            greedy_b = "".join(chunk.choices[0].text for chunk in create(prompt_b, "b", 200))
+            stream_a = create(prompt_a, "late-write-a", 8)
+            next(stream_a)
+            wait_until(lambda: pages_used() > 0)  # A's reservation, its copy held back
+            hog.Reserve(decode_pb2.ReserveRequest(request_id="hog", num_tokens=int(64 - pages_used()) * 16 - 1),
+                        timeout=5)
+            hogged = pages_used()
+            assert httpx.post(f"{gateway.base_url}/v1/requests/late-write-a/cancel", timeout=5).status_code == 200
+            wait_until(lambda: pages_used() < hogged)
+            stream_b = create(prompt_b, "b-on-a-pages", 200)
+            text_b = next(stream_b).choices[0].text
+            assert hog.Abort(decode_pb2.AbortRequest(request_id="hog"), timeout=5).found  # room for B to grow
+            go.touch()
+            text_b += "".join(chunk.choices[0].text for chunk in stream_b)
+            assert [chunk.choices[0].finish_reason for chunk in stream_a][-1] == "abort"
+            assert text_b == greedy_b
+            assert_decode_pools_free([decode], num_tokens=64 * 16 - 1)
+        finally:
+            go.touch()
+            gateway.terminate()
+
+
 def test_a_prompt_whose_prefill_worker_goes_away_after_its_first_token_is_prefilled_again_elsewhere(tiny_demo_model):
     """Prefill worker A dies after the first token, its Reserve for the decode worker's pages (all held here
     until then) granted but not yet answered: the prompt and its first token are prefilled again by B for
@@ -425,8 +479,9 @@ def test_streams_whose_decode_worker_dies_go_on_on_another(tiny_demo_model, layo
 
 
 def test_a_request_whose_pages_were_freed_before_its_decode_call_is_prefilled_again(tiny_demo_model):
-    """Decode worker A's reservations expire 1 ms after they are made, before a Decode call can claim them
-    (NOT_FOUND), as a gateway stalled for a whole lease finds them: each request routed to A (every other
+    """Decode worker A's reservations expire 1 ms after they are made, before the prefill worker's copy into
+    their pages (refused: NOT_FOUND) or a Decode call can claim them (NOT_FOUND), as a gateway or prefill
+    worker stalled for a whole lease finds them: each request routed to A (every other
     one: ties go in turn) has its prompt and first token prefilled again for B, and the client reads the
     same greedy text as from a request B served from the start, streamed or not; no page stays reserved."""
     with processes() as started:
@@ -453,9 +508,11 @@ def test_a_request_whose_pages_were_freed_before_its_decode_call_is_prefilled_ag
             expired = f"http://{metrics_address(short_lease)}"
             errors = httpx.get(f"{expired}/metrics", timeout=5).text
             assert lost >= 1
-            for reason in ("lease_expired", "reservation_not_found"):
-                assert lost == float(re.search(rf'^baton_request_errors_total{{[^}}]*reason="{reason}"[^}}]*}} (\S+)$',
-                                               errors, re.M).group(1))
+            def errors_for(reason: str) -> float:
+                found = re.search(rf'^baton_request_errors_total{{[^}}]*reason="{reason}"[^}}]*}} (\S+)$', errors, re.M)
+                return float(found.group(1)) if found else 0.0
+
+            assert lost == errors_for("lease_expired") >= errors_for("reservation_not_found")
             assert metric_value(expired, "baton_kv_pages_used") == 0  # a probe's reservation would expire at once
             assert_decode_pools_free([other])
         finally:

@@ -307,11 +307,15 @@ def test_a_gone_decode_pools_segment_is_unmapped_once_the_next_is_attached():
     transport = SharedMemoryTransport(layout)
     src = torch.randn(layout.shape).to(torch.bfloat16)
     first = SharedKVPool.create(layout)
-    asyncio.run(transport.write("r", src, [0, 1], KVDestination("r", (3, 4), shm_name=first.name), [3, 4]))
+    first.fence.grant("00000000000000aa", [3, 4])  # as the decode worker reserves them
+    asyncio.run(transport.write("r", src, [0, 1], KVDestination("00000000000000aa", (3, 4), shm_name=first.name),
+                                [3, 4]))
     first.close()  # its owner unlinks it and goes: a decode worker that stopped
     assert mapped(first.name)  # the prefill side's mapping holds its memory still
     with SharedKVPool.create(layout) as second:
-        asyncio.run(transport.write("s", src, [0, 1], KVDestination("s", (5, 6), shm_name=second.name), [5, 6]))
+        second.fence.grant("00000000000000bb", [5, 6])
+        asyncio.run(transport.write("s", src, [0, 1], KVDestination("00000000000000bb", (5, 6),
+                                                                    shm_name=second.name), [5, 6]))
         assert not mapped(first.name) and mapped(second.name)
         assert torch.equal(second.tensor[:, :, :, [5, 6]], src[:, :, :, [0, 1]])
         asyncio.run(transport.close())
