@@ -70,8 +70,10 @@ class FencedReservations:
             self._retry(set_aside, block_ids)
 
     def close(self) -> None:
-        """Before the pool is unmapped: its pages go with it."""
+        """Before the pool is unmapped (its pages go with it): nothing here holds the engine, and so its
+        views of the pool, any more."""
         for handle in self._retries:
             handle.cancel()
         self._retries.clear()
         self.fence = None
+        self.engine_loop = None
