@@ -65,7 +65,7 @@ class PageFence:
 
     def grant(self, reservation_id: str, block_ids: Sequence[int]) -> None:
         """The decode worker's: `block_ids` are reserved for `reservation_id` now."""
-        self.tokens[list(block_ids)] = token_of(reservation_id)
+        self.tokens[list(block_ids)] = np.uint64(token_of(reservation_id))
 
     def revoke(self, block_ids: Sequence[int]) -> None:
         """The decode worker's: no copy into `block_ids` may start from now (one under way may go on:
@@ -96,7 +96,8 @@ class PageFence:
                     raise ReservationEndedError(f"reservation {reservation_id} is ending: its pages are not written")
                 taken.append((first, count))
             token = token_of(reservation_id)
-            if token == 0 or not (self.tokens[list(block_ids)] == token).all():
+            # As a uint64: numpy 1 compares a Python int over 2**63 with uint64s as floats.
+            if token == 0 or not (self.tokens[list(block_ids)] == np.uint64(token)).all():
                 raise ReservationEndedError(f"reservation {reservation_id} ended (expired or aborted) before its "
                                             "pages were written; they may be another request's now")
             yield

@@ -50,11 +50,17 @@ def test_a_copy_is_refused_unless_its_reservation_holds_its_pages():
             write(pool, RESERVATION, [3, 4], 2.0)
         with pytest.raises(ReservationEndedError):  # no reservation's id
             write(pool, "not-a-reservation", [0], 2.0)
+        high = "fedcba9876543210"  # over 2**63: compared as the uint64 it is, not as a float
+        pool.fence.grant(high, [1])
+        write(pool, high, [1], 3.0)
+        with pytest.raises(ReservationEndedError):
+            write(pool, "fedcba9876543211", [1], 2.0)
         pool.fence.revoke([2, 3])
         assert pool.fence.is_unwritten([2, 3])
         with pytest.raises(ReservationEndedError):
             write(pool, RESERVATION, [2, 3], 2.0)
-        assert pool.tensor[:, :, :, [2, 3]].eq(1.0).all() and pool.tensor[:, :, :, [0, 1, 4]].eq(0).all()
+        assert pool.tensor[:, :, :, [2, 3]].eq(1.0).all() and pool.tensor[:, :, :, 1].eq(3.0).all()
+        assert pool.tensor[:, :, :, [0, 4]].eq(0).all()
 
 
 def test_pages_a_writer_process_holds_are_not_free_until_it_lets_go_or_dies():
