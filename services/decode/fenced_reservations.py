@@ -46,10 +46,14 @@ class FencedReservations:
     def ending(self, lease: Lease) -> Callable[[LLMEngine], bool]:
         """What ends `lease`'s reservation on the engine thread (whether the engine held it): its pages
         freed, or set aside while a copy into them is under way."""
-        if self.fence is not None:
-            self.fence.revoke(lease.block_ids)
-        if self.fence is None or self.fence.is_unwritten(lease.block_ids):
-            return lambda engine: engine.release_reservation(lease.request_id)
+        def release(engine: LLMEngine) -> bool:
+            return engine.release_reservation(lease.request_id)
+
+        if self.fence is None:
+            return release
+        self.fence.revoke(lease.block_ids)
+        if self.fence.is_unwritten(lease.block_ids):
+            return release
         set_aside = f"{lease.request_id}#fenced-{lease.reservation_id}"
         log.warning("a prefill process is copying into the pages of %r, whose reservation ended: they are "
                     "freed once it stops", lease.request_id)

@@ -45,13 +45,6 @@ def _went_away(error: BaseException) -> bool:
     return isinstance(error, grpc.aio.AioRpcError) and error.code() in _SERVICE_GONE
 
 
-def _drop_unread_error(task: asyncio.Future) -> None:
-    """Marks an error of an answer nobody waited for as read: it is the same error the answer taken had, or
-    was not taken at all."""
-    if not task.cancelled():
-        task.exception()
-
-
 def as_the_service_reads(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """`messages` as the tokenizer service reads them (services/tokenizer/converters.py): a missing content is
     empty, as the template is given it here."""
@@ -203,7 +196,7 @@ class PromptEncoder:
             done, _ = await asyncio.wait({call}, timeout=self.hedge_after_s)
             if not done:
                 local = asyncio.ensure_future(asyncio.to_thread(here))
-                local.add_done_callback(_drop_unread_error)
+                local.add_done_callback(lambda f: f.cancelled() or f.exception())  # read here, whoever else does
                 done, _ = await asyncio.wait({call, local}, return_when=asyncio.FIRST_COMPLETED)
                 if call not in done:
                     TOKENIZER_FALLBACKS.inc()

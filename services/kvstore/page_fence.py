@@ -26,6 +26,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from services.kvstore.page_copy import block_runs
+
 TOKEN_BYTES = 8
 _FLOCK = struct.Struct("hhqqi4x")  # Linux's struct flock: type, whence, start, len, pid (0 for OFD locks)
 
@@ -46,13 +48,8 @@ def token_of(reservation_id: str) -> int:
 
 def runs(block_ids: Sequence[int]) -> list[tuple[int, int]]:
     """`block_ids` as (first, count) runs of consecutive ids, each id once."""
-    found: list[tuple[int, int]] = []
-    for block_id in sorted(set(block_ids)):
-        if found and found[-1][0] + found[-1][1] == block_id:
-            found[-1] = (found[-1][0], found[-1][1] + 1)
-        else:
-            found.append((block_id, 1))
-    return found
+    ids = sorted(set(block_ids))
+    return [(first, count) for first, _, count in block_runs(ids, ids)]
 
 
 class PageFence:
