@@ -182,7 +182,7 @@ class DecodeService:
             return None
         cuda_ipc_handle = self.pool.ipc_handle if isinstance(self.pool, CudaKVPool) else b""
         self.servicer.attach(self.engine_loop, self.pool.layout, self.metrics, shm_name=self.pool.name,
-                             fence=self.pool.fence if isinstance(self.pool, SharedKVPool) else None,
+                             fence=self.pool.fence,
                              cuda_ipc_handle=cuda_ipc_handle)
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
         self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop
@@ -197,7 +197,9 @@ class DecodeService:
                                        block_size=self.pool.layout.block_size, publish_blocks=True)
         if self.publisher is not None:
             await self.publisher.start(stop)
-        where = f"shared memory {self.pool.name}" if self.pool.name else f"{self.config.device} memory (CUDA IPC)"
+        # baton up reads the segment's name off the line's end (launcher/segments.py), to remove it if this dies.
+        where = (f"shared memory {self.pool.name}" if self.pool.name else
+                 f"{self.config.device} memory (CUDA IPC), their fence in shared memory {self.pool.fence_segment.name}")
         return f"serving {self.config.model_dir} in {self.config.dtype}: {self.pool.num_blocks} KV blocks in {where}"
 
     async def close(self) -> None:

@@ -1,5 +1,7 @@
 """The CUDA_IPC transport: same host, GPU pools. The decode worker exports its pool's
-CUDA IPC handle; prefill opens it once and copies pages device to device.
+CUDA IPC handle; prefill opens it once and copies pages device to device, each copy fenced
+as a shared-memory copy is (page_fence.py) by the pool's fence segment, which the handle names
+(fence_segment.py).
 
 The handle is torch's own export (`torch.multiprocessing.reductions.reduce_tensor`,
 i.e. the storage's `_share_cuda_()`), written as JSON rather than pickled: it crosses
@@ -11,19 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import NamedTuple
 
 import torch
 
+from services.kvstore.fence_segment import FenceSegment
 from services.kvstore.layout import LayoutMismatchError, PageLayout
 from services.kvstore.page_copy import copy_pages
 from services.kvstore.transport import CopyTransport, DestinationError, KVDestination, TransportKind
 
-FORMAT = "baton-cuda-ipc/1"
+FORMAT = "baton-cuda-ipc/2"
 _BYTES_FIELDS = ("storage_handle", "ref_counter_handle", "event_handle")
 
 
-def export_handle(pool: torch.Tensor) -> bytes:
-    """The IPC handle of a CUDA pool tensor, as bytes to put in a Reservation."""
+def export_handle(pool: torch.Tensor, fence_name: str) -> bytes:
+    """The IPC handle of a CUDA pool tensor whose pages' fence is segment `fence_name`, as bytes to put in
+    a Reservation."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     if pool.device.type != "cuda":
@@ -36,16 +43,22 @@ def export_handle(pool: torch.Tensor) -> bytes:
         "storage_handle": storage_handle, "storage_size_bytes": storage_size_bytes,
         "storage_offset_bytes": storage_offset_bytes, "ref_counter_handle": ref_counter_handle,
         "ref_counter_offset": ref_counter_offset, "event_handle": event_handle,
-        "event_sync_required": event_sync_required,
+        "event_sync_required": event_sync_required, "fence": fence_name,
     }
     for name in _BYTES_FIELDS:
         fields[name] = None if fields[name] is None else fields[name].hex()
     return json.dumps(fields).encode()
 
 
-def open_handle(handle: bytes, layout: PageLayout) -> torch.Tensor:
-    """The pool tensor another process exported, mapped into this one. Raises ValueError for a
-    handle that is not one, LayoutMismatchError for a pool that is not `layout` (but for num_blocks)."""
+class OpenedPool(NamedTuple):
+    tensor: torch.Tensor
+    fence_segment: FenceSegment
+
+
+def open_handle(handle: bytes, layout: PageLayout) -> OpenedPool:
+    """The pool tensor another process exported, mapped into this one, and its fence. Raises ValueError
+    for a handle that is not one, LayoutMismatchError for a pool that is not `layout` (but for num_blocks),
+    FileNotFoundError where its fence is gone (its decode worker stopped)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
     try:
@@ -55,6 +68,7 @@ def open_handle(handle: bytes, layout: PageLayout) -> torch.Tensor:
         for name in _BYTES_FIELDS:
             fields[name] = None if fields[name] is None else bytes.fromhex(fields[name])
         dtype = getattr(torch, fields["dtype"])
+        fence_name = str(fields["fence"])
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"not a CUDA IPC pool handle: {e}") from None
     pool = rebuild_cuda_tensor(
@@ -65,7 +79,7 @@ def open_handle(handle: bytes, layout: PageLayout) -> torch.Tensor:
     layout.check_compatible(PageLayout.of_tensor(pool, layout.fingerprint))
     if not pool.is_contiguous():
         raise LayoutMismatchError("the exported pool is not contiguous")
-    return pool
+    return OpenedPool(pool, FenceSegment.attach(fence_name, pool.shape[3]))
 
 
 class CudaIpcTransport(CopyTransport):
@@ -74,7 +88,7 @@ class CudaIpcTransport(CopyTransport):
 
     def __init__(self, layout: PageLayout) -> None:
         super().__init__(layout)
-        self._pools: dict[bytes, torch.Tensor] = {}
+        self._pools: dict[bytes, OpenedPool] = {}
 
     def target_pool(self, dest: KVDestination) -> torch.Tensor:
         if not dest.cuda_ipc_handle:
@@ -89,7 +103,11 @@ class CudaIpcTransport(CopyTransport):
                 raise
             except (ValueError, RuntimeError) as e:  # not a handle, or CUDA cannot open it
                 raise DestinationError(f"cannot open the CUDA IPC handle: {e}") from None
-        return pool
+        return pool.tensor
+
+    def fenced(self, dest: KVDestination, dst_blocks: Sequence[int]) -> AbstractContextManager:
+        """Raises ReservationEndedError where the reservation ended before the copy (shm_transport.py's)."""
+        return self._pools[dest.cuda_ipc_handle].fence_segment.fence.writing(dest.reservation_id, dst_blocks)
 
     async def write(self, request_id, src, src_blocks, dest, dst_blocks) -> int:
         dst = self.target_pool(dest)
@@ -101,7 +119,11 @@ class CudaIpcTransport(CopyTransport):
                 torch.cuda.current_stream().synchronize()
             return num_bytes
 
-        return await asyncio.to_thread(copy)
+        # Held until the copy is in the decode worker's memory: a copy queued on the device is a late write too.
+        with self.fenced(dest, dst_blocks):
+            return await asyncio.to_thread(copy)
 
     async def close(self) -> None:
+        for pool in self._pools.values():
+            pool.fence_segment.close()
         self._pools.clear()

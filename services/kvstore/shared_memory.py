@@ -41,6 +41,7 @@ MAX_FINGERPRINT_BYTES = 64
 # num_blocks, dtype (NUL padded), fingerprint length, fingerprint (NUL padded)
 _HEADER = struct.Struct(f"<8sIIIIIIQ16sI{MAX_FINGERPRINT_BYTES}s")
 NAME_PREFIX = "baton_kv_"
+SHM_DIR = "/dev/shm"  # where POSIX shared memory names live on Linux
 
 
 class _UntrackedMapping:
@@ -71,7 +72,8 @@ class _UntrackedMapping:
             self._mmap.close()
 
 
-def _attach_segment(name: str):
+def attach_segment(name: str):
+    """An existing segment, mapped without registering it with resource_tracker."""
     try:
         if sys.version_info >= (3, 13):
             return shared_memory.SharedMemory(name=name, track=False)
@@ -140,7 +142,7 @@ class SharedKVPool:
         self.layout = layout
         self.is_owner = is_owner
         self.tensor: torch.Tensor | None = _pool_view(segment.buf, layout)
-        self.fence = PageFence(f"/dev/shm/{name}", np.frombuffer(segment.buf, dtype=np.uint64,
+        self.fence = PageFence(f"{SHM_DIR}/{name}", np.frombuffer(segment.buf, dtype=np.uint64,
                                                                  count=layout.num_blocks, offset=HEADER_BYTES))
         self._is_closed = False
 
@@ -167,7 +169,7 @@ class SharedKVPool:
     @classmethod
     def attach(cls, name: str, layout: PageLayout) -> SharedKVPool:
         """Map an existing pool. `layout` must match it in all but num_blocks (the segment's wins)."""
-        segment = _attach_segment(name)
+        segment = attach_segment(name)
         try:
             found = _unpack_header(name, bytes(segment.buf[: _HEADER.size]))
             layout.check_compatible(found)
@@ -187,7 +189,7 @@ class SharedKVPool:
     def pool_file(self) -> PoolFile:
         """Where its tensor lies, for the engine's other tensor-parallel ranks to map (Linux names a POSIX
         segment so under /dev/shm)."""
-        return PoolFile(f"/dev/shm/{self.name}", data_offset(self.num_blocks))
+        return PoolFile(f"{SHM_DIR}/{self.name}", data_offset(self.num_blocks))
 
     def close(self) -> None:
         """Unmap (and, for the owner, unlink). Every view of `.tensor` must be gone first."""

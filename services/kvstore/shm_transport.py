@@ -15,11 +15,10 @@ from pathlib import Path
 
 import torch
 
-from services.kvstore.shared_memory import SharedKVPool
+from services.kvstore.shared_memory import SHM_DIR, SharedKVPool
 from services.kvstore.transport import CopyTransport, DestinationError, KVDestination, TransportKind
 
 log = logging.getLogger("baton.kvstore")
-SHM_DIR = "/dev/shm"  # where POSIX shared memory names live on Linux
 
 
 class SharedMemoryTransport(CopyTransport):

@@ -11,9 +11,10 @@ import _posixshmem  # what multiprocessing.shared_memory creates and unlinks wit
 import re
 from pathlib import Path
 
-# A decode worker logs "serving DIR: N KV blocks in shared memory NAME" once SERVING;
-# NAME starts with services/kvstore/shared_memory.py's NAME_PREFIX.
-SEGMENT_LINE = re.compile(r"KV blocks in shared memory (baton_kv_\w+)\s*$")
+# A decode worker logs "serving DIR: N KV blocks in shared memory NAME" once SERVING (a GPU pool's: "...
+# in cuda memory (CUDA IPC), their fence in shared memory NAME"); NAME starts with
+# services/kvstore/shared_memory.py's NAME_PREFIX.
+SEGMENT_LINE = re.compile(r"KV blocks in (?:.* )?shared memory (baton_kv_\w+)\s*$")
 _MAPPED_SEGMENT = re.compile(r"\s/dev/shm/(baton_kv_\w+)(?: \(deleted\))?$")
 
 

@@ -672,6 +672,7 @@ def test_a_worker_that_cannot_load_is_reported_with_its_stderr(tiny_demo_model, 
 def test_health_names_and_segment_pattern_match_the_services():
     from protos import gateway_pb2, kvstore_pb2
     from services.decode.servicer import SERVICE_NAME as DECODE
+    from services.kvstore.fence_segment import FENCE_PREFIX
     from services.kvstore.shared_memory import NAME_PREFIX
     from services.launcher.segments import SEGMENT_LINE
     from services.launcher.specs import HEALTH_NAMES
@@ -685,6 +686,8 @@ def test_health_names_and_segment_pattern_match_the_services():
     }
     line = f"serving /m: 64 KV blocks in shared memory {NAME_PREFIX}0123abcd"
     assert SEGMENT_LINE.search(line)[1] == f"{NAME_PREFIX}0123abcd"
+    gpu_pool = f"serving /m: 64 KV blocks in cuda memory (CUDA IPC), their fence in shared memory {FENCE_PREFIX}0a1b"
+    assert SEGMENT_LINE.search(gpu_pool)[1] == f"{FENCE_PREFIX}0a1b"
 
 
 def test_a_start_timeout_stops_everything(tiny_demo_model):
