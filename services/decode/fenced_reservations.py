@@ -2,11 +2,13 @@
 Decode, or ended unclaimed (the lease ran out, or Abort), whose pages are freed once no copy into them
 is under way.
 
-Where the pool is a shared-memory segment, prefill processes copy straight into it, and one stalled
-mid-copy (frozen, swapped out) may go on after the reservation ended: its pages are then set aside
-under an id of their own (the request's may reserve again) and freed once the copy lets go of their
-fence (services/kvstore/page_fence.py), tried every FENCE_RETRY_S; otherwise they are freed at once.
-Counted as the error `pages_fenced`.
+Prefill processes on this host copy straight into the pool (a shared-memory segment, or a GPU pool by
+CUDA IPC), and one stalled mid-copy (frozen, swapped out) may go on after the reservation ended: its
+pages are then set aside under an id of their own (the request's may reserve again) and freed once the
+copy lets go of their fence (services/kvstore/page_fence.py), tried every FENCE_RETRY_S; otherwise they
+are freed at once. Counted as the error `pages_fenced`; the pages set aside now are the gauge
+`baton_kv_pages_fenced` (pages a prefill process frozen mid-copy keeps from every request until it
+goes on or dies).
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ class FencedReservations:
         self.fence = fence
         self.metrics = metrics
         self._retries: set[asyncio.TimerHandle] = set()
+        self._num_set_aside = 0
+        metrics.gauge("baton_kv_pages_fenced", "KV pages of ended reservations kept from every request while a "
+                      "prefill process copies into them").labels(**metrics.labels).set_function(
+            lambda: self._num_set_aside)
 
     def granted(self, reservation_id: str, block_ids: list[int]) -> None:
         """Prefill processes may copy into `block_ids` for `reservation_id` from now."""
@@ -58,6 +64,7 @@ class FencedReservations:
         log.warning("a prefill process is copying into the pages of %r, whose reservation ended: they are "
                     "freed once it stops", lease.request_id)
         self.metrics.count_error("pages_fenced")
+        self._num_set_aside += len(lease.block_ids)
         self._retry(set_aside, lease.block_ids)
         return lambda engine: engine.rename_reservation(lease.request_id, set_aside)
 
@@ -69,6 +76,7 @@ class FencedReservations:
     def _free_once_unwritten(self, handle: asyncio.TimerHandle, set_aside: str, block_ids: frozenset[int]) -> None:
         self._retries.discard(handle)
         if self.fence.is_unwritten(block_ids):
+            self._num_set_aside -= len(block_ids)
             self.engine_loop.submit(lambda engine: engine.release_reservation(set_aside))
         else:
             self._retry(set_aside, block_ids)

@@ -30,11 +30,13 @@ from services.kvstore.page_fence import ReservationEndedError
 from services.kvstore.shared_memory import SharedKVPool
 from services.kvstore.shm_transport import SharedMemoryTransport
 from services.kvstore.transport import KVDestination
+from tests.services.gateway.mesh import metric_value
 from tests.services.service_process import (
     SLOW_FAILING_STEP_S,
     ServiceProcess,
     assert_a_call_opened_ahead_ends_unavailable_at_shutdown,
     failing_step_worker,
+    metrics_address,
 )
 
 NUM_KV_BLOCKS = 128
@@ -351,7 +353,9 @@ def test_a_copy_after_its_reservation_ended_writes_nothing(service):
 
 def test_pages_a_copy_still_holds_when_their_reservation_ends_are_freed_once_it_lets_go(service):
     """A prefill process frozen in the middle of a copy holds its pages' fence: ended (aborted) meanwhile,
-    they are kept from other requests until it lets go, while its request id may reserve again."""
+    they are kept from other requests until it lets go, while its request id may reserve again; the gauge
+    of pages so kept shows them."""
+    metrics_url = f"http://{metrics_address(service)}"  # the line is read here alone, of this module's tests
     reservation = service.stub.Reserve(decode_pb2.ReserveRequest(request_id="mid-copy", num_tokens=len(PROMPT)),
                                        timeout=5)
     with SharedKVPool.attach(reservation.shm_name, layout_from_proto(reservation.layout, num_blocks=1)) as pool:
@@ -365,7 +369,9 @@ def test_pages_a_copy_still_holds_when_their_reservation_ends_are_freed_once_it_
                 service.stub.Reserve(decode_pb2.ReserveRequest(request_id="whole", num_tokens=WHOLE_POOL_TOKENS),
                                      timeout=5)
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert metric_value(metrics_url, "baton_kv_pages_fenced") == len(reservation.block_ids)
     assert_whole_pool_free(service, within_s=2)
+    assert metric_value(metrics_url, "baton_kv_pages_fenced") == 0
 
 
 def test_abort_of_a_running_decode_ends_its_stream(service, prefill_engine):
