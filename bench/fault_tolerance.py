@@ -70,7 +70,8 @@ GATEWAY_COUNTERS = {"migrations": "baton_gateway_decode_migrations",
                     "lost_handoffs": "baton_gateway_lost_handoffs",
                     "prefill_retries": "baton_gateway_prefill_retries",
                     "tokenizer_fallbacks": "baton_gateway_tokenizer_fallbacks"}
-LEAK_GAUGES = ("baton_kv_pages_used", "baton_requests_running", "baton_kv_reserves_waiting")
+# Pages a stalled copy holds (baton_kv_pages_fenced) are among the used ones, named apart.
+LEAK_GAUGES = ("baton_kv_pages_used", "baton_requests_running", "baton_kv_reserves_waiting", "baton_kv_pages_fenced")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ COUNTERS = {"baton_prompt_tokens_total", "baton_generation_tokens_total", "baton
 GAUGES = {"baton_kv_pages_used", "baton_kv_pages_free", "baton_requests_running", "baton_requests_waiting",
           "baton_engine_init_duration_seconds", "baton_weight_loading_duration_seconds",
           "baton_warmup_duration_seconds", "baton_router_redis_up", "baton_kv_tier_bytes_used",
-          "baton_kv_disk_tier_bytes_used"}
+          "baton_kv_disk_tier_bytes_used", "baton_kv_pages_fenced"}
 SERIES = ({f"{name}{suffix}" for name in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
           | COUNTERS | GAUGES)
 # Labels the services put on their metrics, Prometheus' target labels, and the histograms' `le`.
