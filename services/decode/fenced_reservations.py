@@ -27,11 +27,11 @@ log = logging.getLogger("baton.decode")
 
 
 class FencedReservations:
-    """`fence`: the pool's (None: no process but this one writes the pool)."""
+    """`fence`: the pool's (None once closed)."""
 
-    def __init__(self, engine_loop: EngineLoop, fence: PageFence | None, metrics: ServiceMetrics) -> None:
+    def __init__(self, engine_loop: EngineLoop, fence: PageFence, metrics: ServiceMetrics) -> None:
         self.engine_loop = engine_loop
-        self.fence = fence
+        self.fence: PageFence | None = fence
         self.metrics = metrics
         self._retries: set[asyncio.TimerHandle] = set()
         self._num_set_aside = 0

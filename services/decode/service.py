@@ -181,8 +181,7 @@ class DecodeService:
         if stop.is_set():
             return None
         cuda_ipc_handle = self.pool.ipc_handle if isinstance(self.pool, CudaKVPool) else b""
-        self.servicer.attach(self.engine_loop, self.pool.layout, self.metrics, shm_name=self.pool.name,
-                             fence=self.pool.fence,
+        self.servicer.attach(self.engine_loop, self.pool.layout, self.metrics, self.pool.fence, shm_name=self.pool.name,
                              cuda_ipc_handle=cuda_ipc_handle)
         self.receiver.attach(self.pool.tensor, self.pool.layout, self.servicer.leases)
         self.lora.engine_loop = self.embed.engine_loop = self.cache.engine_loop = self.engine_loop

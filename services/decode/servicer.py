@@ -83,8 +83,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         self.opened_ahead = OpenedAhead("the decode worker")  # DecodePreopened's calls
         self.reserves = ReserveQueue()  # Reserve calls waiting for pages
 
-    def attach(self, engine_loop: EngineLoop, layout: PageLayout, metrics: ServiceMetrics, *, shm_name: str = "",
-               fence: PageFence | None = None, cuda_ipc_handle: bytes = b"") -> None:
+    def attach(self, engine_loop: EngineLoop, layout: PageLayout, metrics: ServiceMetrics, fence: PageFence, *,
+               shm_name: str = "", cuda_ipc_handle: bytes = b"") -> None:
         """Must run on the server's event loop (the lease timers live there). The pool is reached on this host
         through its segment `shm_name` (a CPU pool) or `cuda_ipc_handle` (a GPU pool), from any by the stream;
         `fence` is its pages' (the segment's, or the GPU pool's fence segment)."""

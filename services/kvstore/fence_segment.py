@@ -14,8 +14,6 @@ import secrets
 import struct
 from multiprocessing import shared_memory
 
-import numpy as np
-
 from services.kvstore.layout import LayoutMismatchError
 from services.kvstore.page_fence import TOKEN_BYTES, PageFence
 from services.kvstore.shared_memory import NAME_PREFIX, SHM_DIR, attach_segment
@@ -32,8 +30,7 @@ class FenceSegment:
         self._segment = segment
         self.name = name
         self.is_owner = is_owner
-        self.fence = PageFence(f"{SHM_DIR}/{name}", np.frombuffer(segment.buf, dtype=np.uint64, count=num_blocks,
-                                                                  offset=_HEADER.size))
+        self.fence = PageFence(f"{SHM_DIR}/{name}", segment.buf, _HEADER.size, num_blocks)
 
     @classmethod
     def create(cls, num_blocks: int) -> FenceSegment:

@@ -53,11 +53,11 @@ def runs(block_ids: Sequence[int]) -> list[tuple[int, int]]:
 
 
 class PageFence:
-    """The fence over the pages of the segment at `path` whose tokens are `tokens` (a view of the
-    segment: one uint64 per page). Every process that maps the segment has its own."""
+    """The fence over `num_blocks` pages whose tokens lie at `offset` of the segment at `path`, mapped here
+    as `buf` (one uint64 per page). Every process that maps the segment has its own."""
 
-    def __init__(self, path: str, tokens: np.ndarray) -> None:
-        self.tokens = tokens
+    def __init__(self, path: str, buf: memoryview, offset: int, num_blocks: int) -> None:
+        self.tokens = np.frombuffer(buf, dtype=np.uint64, count=num_blocks, offset=offset)
         self._fd = os.open(path, os.O_RDWR)  # its own open file description: the locks are the fence's alone
 
     def grant(self, reservation_id: str, block_ids: Sequence[int]) -> None:

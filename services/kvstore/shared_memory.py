@@ -142,8 +142,7 @@ class SharedKVPool:
         self.layout = layout
         self.is_owner = is_owner
         self.tensor: torch.Tensor | None = _pool_view(segment.buf, layout)
-        self.fence = PageFence(f"{SHM_DIR}/{name}", np.frombuffer(segment.buf, dtype=np.uint64,
-                                                                 count=layout.num_blocks, offset=HEADER_BYTES))
+        self.fence = PageFence(f"{SHM_DIR}/{name}", segment.buf, HEADER_BYTES, layout.num_blocks)
         self._is_closed = False
 
     @classmethod

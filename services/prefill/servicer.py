@@ -34,8 +34,8 @@ Status codes:
 - INTERNAL: the engine failed in a step that was computing the prompt.
 - ABORTED: the request was aborted in the engine.
 - NOT_FOUND: the reservation of the pages ended (its lease ran out, or it was aborted) before a
-  SHARED_MEMORY copy into them, which then copies nothing (services/kvstore/page_fence.py), as the
-  Decode call would find it.
+  SHARED_MEMORY or CUDA_IPC copy into them, which then copies nothing (services/kvstore/page_fence.py),
+  as the Decode call would find it.
 
 A long prompt whose pages go by GRPC_STREAM (computed in several chunks) may send each chunk's
 pages while the next computes, reserving them after its first chunk (early_pages.py); the handoff
