@@ -47,6 +47,7 @@ from services.gateway.grpc_api import SERVICE_NAME, GenerateServicer
 from services.gateway.http_app import GatewayState, create_app
 from services.gateway.http_listener import HttpListener
 from services.gateway.index_mirror import IndexMirror
+from services.gateway.kv_capacity import learn_kv_capacity
 from services.gateway.lora_updates import LoRAUpdates
 from services.gateway.pipeline import RequestPipeline
 from services.gateway.random_router import RandomRouter
@@ -143,6 +144,7 @@ class GatewayService:
         workers = self.metrics.gauge("baton_gateway_workers", "Workers the gateway routes to, by kind: in its pool "
                                      "(known) and of those, the ones whose health check says SERVING (serving)",
                                      ["kind", "state"])
+        self.pools["decode"].before_serving(learn_kv_capacity)
         for kind, pool in self.pools.items():
             pool.watch_health(HEALTH_SERVICES[kind])
             workers.labels(**self.metrics.labels, kind=kind, state="known").set_function(lambda p=pool: len(p.workers))

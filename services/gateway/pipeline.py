@@ -51,6 +51,7 @@ from services.gateway.decode_moves import DecodeMoves
 from services.gateway.deltas import Delta, TextOutput
 from services.gateway.generation_defaults import GenerationDefaults
 from services.gateway.given_embeddings import GivenImages
+from services.gateway.kv_capacity import fit_kv_pool, kv_tokens_needed
 from services.gateway.pooling_metrics import PoolingMetrics
 from services.gateway.prefill_places import PREFILLED_ON, prefills_locally
 from services.gateway.prefill_route import prompt_lookup
@@ -197,7 +198,11 @@ class RequestPipeline(Admission):
                 if request_log is not None:
                     # As the request asked (not the gateway's stream interval for it).
                     request_log.received(request_id, prompt, sampling or params, prompt_text)
-                with self.decode.hold(self.decode.pick(len(prompt))) as decode_worker:
+                is_max_tokens_given = params.HasField("max_tokens")
+                self.prompts.check_context(prompt, params)
+                with self.decode.hold(self.decode.pick(
+                        len(prompt), kv_tokens_needed(prompt, params, is_max_tokens_given))) as decode_worker:
+                    fit_kv_pool(decode_worker, prompt, params, is_max_tokens_given)
                     async for delta in self._run(worker_id, prompt, params, decode_worker, stop,
                                                  include_stop_str_in_output, skip_special_tokens, timer, clock, spans,
                                                  running, on_dispatch, bulk):
@@ -229,9 +234,8 @@ class RequestPipeline(Admission):
                    skip_special_tokens: bool,
                    timer: RequestTimer, clock: PhaseClock, spans: RequestTrace, running: RunningRequest,
                    on_dispatch: Callable[[], None] | None, bulk: BulkInputs | None) -> AsyncIterator[Delta]:
-        """The request's deltas from its workers; `bulk`: the bytes of the inputs `params` carry."""
-        self.prompts.check_context(prompt, params)
-
+        """The request's deltas from its workers (its context checked); `bulk`: the bytes of the inputs `params`
+        carry."""
         def make_output() -> TextOutput:
             try:
                 # Placeholders are no text to detokenize after: embeddings' output starts from none.

@@ -40,6 +40,9 @@ class Worker:
     # Tokens its free KV pages hold, as its last heartbeat in the instance registry said (a decode worker's,
     # kept by the router); None where not known.
     free_tokens: int | None = None
+    # The most tokens of one request its KV pool holds, where fewer than its context (a decode worker's, from
+    # its Describe: kv_capacity.py); None where it holds the whole context, or is not known.
+    kv_capacity_tokens: int | None = None
 
 
 
@@ -49,6 +52,14 @@ def _with_room(workers: list[Worker], num_tokens: int) -> list[Worker]:
     if not num_tokens:
         return workers
     return [w for w in workers if w.free_tokens is None or w.free_tokens >= num_tokens] or workers
+
+
+def _holding(workers: list[Worker], num_tokens: int) -> list[Worker]:
+    """Those of `workers` whose KV pool is not known to be too small for a request of `num_tokens` (all of
+    them where none is: the request is then refused, kv_capacity.py)."""
+    if not num_tokens:
+        return workers
+    return [w for w in workers if w.kv_capacity_tokens is None or w.kv_capacity_tokens >= num_tokens] or workers
 
 class WorkerPool:
     """Workers of one kind (all prefill or all decode).
@@ -103,9 +114,10 @@ class WorkerPool:
         least = min((w.queued_tokens, w.num_in_flight) for w in workers)
         return self.in_turn([w for w in workers if (w.queued_tokens, w.num_in_flight) == least])
 
-    def pick(self, num_tokens: int = 0) -> Worker:
-        """The least loaded serving worker, of those with room for `num_tokens` where some are known to have it."""
-        return self.least_loaded(_with_room(self.serving(), num_tokens))
+    def pick(self, num_tokens: int = 0, most_tokens: int = 0) -> Worker:
+        """The least loaded serving worker, of those with room for `num_tokens` where some are known to have it,
+        and whose KV pool can hold a request of `most_tokens` (its prompt and all it may generate) where some can."""
+        return self.least_loaded(_with_room(_holding(self.serving(), most_tokens), num_tokens))
 
     def pick_other(self, gone: Sequence[Worker], num_tokens: int = 0) -> Worker | None:
         """As `pick`, but for those in `gone` (a request's workers that went away, or had no room);
