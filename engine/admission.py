@@ -26,9 +26,10 @@ def check_weights_held(engine: LLMEngine) -> None:
 def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list[int],
                       sampling_params: SamplingParams, output_token_ids: list[int] | tuple[int, ...] = (),
                       prompt_embeds: torch.Tensor | WithheldEmbeddings | None = None,
-                      images: Sequence[ImageInput | WithheldImage] = ()) -> None:
+                      images: Sequence[ImageInput | WithheldImage] = (), prefill_only: bool = False) -> None:
     """ValueError, naming the first unmet condition, for a request `engine` can never serve (as
-    `add_request` and `add_prefilled_request` take it); changes nothing."""
+    `add_request` and `add_prefilled_request` take it); changes nothing. `prefill_only`: the engine computes
+    its prompt and samples one token (a prefill worker's), so its pool need not hold what follows."""
     check_weights_held(engine)
     if not prompt_token_ids:
         raise ValueError("prompt must contain at least one token")
@@ -94,7 +95,10 @@ def check_new_request(engine: LLMEngine, request_id: str, prompt_token_ids: list
         raise ValueError(f"prompt of {n} tokens is more than one step computes (max_num_batched_tokens "
                          f"{engine.config.max_num_batched_tokens}), and an embedding pooled from all its tokens "
                          "is computed whole")
-    max_tokens_total = min(n + sampling_params.max_tokens, engine.max_model_len)
+    # A prefill worker's pool holds the prompt (and a moved request's output) and its first token; the decode
+    # worker's, all it may generate: a prefill pool under the context refuses no request a decode pool holds.
+    most_new = len(output_token_ids) + 1 if prefill_only else sampling_params.max_tokens
+    max_tokens_total = min(n + most_new, engine.max_model_len)
     bs = engine.config.block_size
     if (max_tokens_total + bs - 1) // bs > engine.num_kv_blocks:
         raise ValueError(

@@ -174,7 +174,7 @@ class LLMEngine:
             raise ValueError("a prompt's embeddings and images' pixels are needed to prefill it: only a request "
                              "prefilled elsewhere takes their sizes and digests alone")
         check_new_request(self, request_id, prompt_token_ids, sampling_params, output_token_ids, prompt_embeds,
-                          images)
+                          images, prefill_only)
         pending, spans, rope = placed_images(self.model_config.vision, prompt_token_ids, images)
         sampling_params = salted(sampling_params, prompt_embeds, images, prompt_embeds_digest)
         if sampling_params.lora_name is not None:

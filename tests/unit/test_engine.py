@@ -185,6 +185,23 @@ def test_requests_that_cannot_be_served_are_refused(tiny_demo_model, prompt, par
     assert not engine.has_unfinished_requests()
 
 
+def test_a_prefill_only_request_needs_room_in_the_pool_for_its_prompt_not_its_max_tokens(tiny_demo_model):
+    """A prefill worker computes the prompt and samples one token: a pool under the context (64 pages of
+    16 here) takes a request whose decode worker's pool holds all it may generate."""
+    engine = make_engine(tiny_demo_model, num_kv_blocks=64)
+    engine.add_request("prefill", [5] * 1000, SamplingParams(max_tokens=1000, temperature=0), prefill_only=True)
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [out for out in engine.step() if out.finished]
+    assert [(out.finish_reason, len(out.token_ids)) for out in finished] == [("prefilled", 1)]
+    assert engine.release("prefill")
+    assert_pool_clean(engine)
+    with pytest.raises(ValueError, match="request needs up to 1025 tokens of KV, more than the pool's 1024"):
+        engine.add_request("too-long", [5] * 1024, GREEDY, prefill_only=True)
+    with pytest.raises(ValueError, match="request needs up to 2000 tokens of KV, more than the pool's 1024"):
+        engine.add_request("whole", [5] * 1000, SamplingParams(max_tokens=1000, temperature=0))
+
+
 def test_duplicate_request_id_is_refused(tiny_demo_model):
     engine = make_engine(tiny_demo_model)
     engine.add_request("same", [5, 6, 7], GREEDY)
