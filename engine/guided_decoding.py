@@ -8,7 +8,8 @@ sequence walks it with a `Guide`: the sampler keeps only the tokens its state al
 among them once the text is complete), and every sampled token advances it. Compiling
 takes from milliseconds to seconds with the vocabulary and the regex, so the services
 compile off the engine's thread (`GuideFactory.compile`) before they add the request, and
-the engine finds the index cached.
+the engine finds the index cached. A regex whose automaton would be too large to index ahead over
+this vocabulary (a long counted repetition: engine/regex_size.py) is guided as a grammar is, below.
 
 A `guided_grammar` (Lark, as llguidance and vLLM's guidance backend read it; GBNF, llama.cpp's
 EBNF that vLLM's xgrammar backend and SGLang's `ebnf` take; or llguidance's own JSON, what a
@@ -31,16 +32,22 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLMatcher, LLTokenizer, grammar_from
 from outlines_core import Guide, Index, Vocabulary
 from tokenizers import Tokenizer
 
 from engine.grammars import first_line, grammar_definition
+from engine.regex_size import unrolled_positions
 from engine.sampling_params import SamplingParams
 
 T = TypeVar("T")
 # Compiled indexes (and grammars' matchers) kept per engine: a deployment's requests repeat a few.
 INDEX_CACHE_SIZE = 32
+# The most a regex's unrolled positions times the vocabulary's tokens may be for outlines-core to index it: its
+# index holds a row of allowed tokens per automaton state, built before the first token (`.{0,1000}` over 8,192
+# tokens took 1.3 s and 290 MB; `x{100000}`, minutes; over Qwen's 152k tokens, ~19x more). Larger, llguidance
+# guides it, as it does grammars: a regex of any size at once, each step's mask computed as the text goes.
+INDEXED_REGEX_BUDGET = 2**23
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -128,16 +135,27 @@ class GuideFactory:
 
     def compile(self, params: SamplingParams) -> None:
         """Compile what `params` guide by, unless it is cached; ValueError when it cannot be."""
-        if params.guided_regex is not None:
+        if params.guided_regex is not None and self.is_indexed(params.guided_regex):
             self.index(params.guided_regex)
+        elif params.guided_regex is not None:
+            self._regex_grammar_start(params.guided_regex)
         elif params.guided_grammar is not None:
             self._grammar_start(params.guided_grammar)
 
     def guide(self, params: SamplingParams) -> RegexGuide | GrammarGuide:
         """A new guide at the start of what `params` guide by (a guided_regex or a guided_grammar)."""
-        if params.guided_regex is not None:
+        if params.guided_regex is not None and self.is_indexed(params.guided_regex):
             return RegexGuide(Guide(self.index(params.guided_regex)), self._num_words)
-        return GrammarGuide(self._grammar_start(params.guided_grammar).deep_copy(), self._num_words)
+        start = self._regex_grammar_start(params.guided_regex) if params.guided_regex is not None else \
+            self._grammar_start(params.guided_grammar)
+        return GrammarGuide(start.deep_copy(), self._num_words)
+
+    def is_indexed(self, regex: str) -> bool:
+        """Whether `regex` is guided by outlines-core's index, built up front: one whose automaton, over this
+        vocabulary, may fill more than INDEXED_REGEX_BUDGET (or that has no estimate) is guided by llguidance,
+        which computes each step's mask as the text goes."""
+        positions = unrolled_positions(regex)
+        return positions is not None and positions * self._mask_size <= INDEXED_REGEX_BUDGET
 
     def index(self, regex: str) -> Index:
         """The compiled index of `regex`; ValueError when it cannot be compiled."""
@@ -151,6 +169,12 @@ class GuideFactory:
 
     def _grammar_start(self, grammar: str) -> LLMatcher:
         return self._cached(self._grammars, grammar, self._compile_grammar)
+
+    def _regex_grammar_start(self, regex: str) -> LLMatcher:
+        try:
+            return self._grammar_start(grammar_from("regex", regex))
+        except ValueError as e:
+            raise ValueError(f"guided_regex cannot be compiled: {e}") from None
 
     def _compile_grammar(self, grammar: str) -> LLMatcher:
         if self._grammar_tokenizer is None:  # two threads may both make it: no harm, and no lock held so long

@@ -6,13 +6,16 @@ import json
 import random
 import re
 
+import numpy as np
 import pytest
 from outlines_core.json_schema import build_regex_from_schema
 from tokenizers import Tokenizer
 
+from engine import guided_decoding
 from engine.config import EngineConfig
-from engine.guided_decoding import token_bytes
+from engine.guided_decoding import GrammarGuide, GuideFactory, token_bytes
 from engine.llm_engine import LLMEngine
+from engine.regex_size import unrolled_positions
 from engine.sampling_params import SamplingParams
 from tests.cuda import DEVICES
 from tests.parity.conftest import shared_model_dirs
@@ -196,3 +199,47 @@ def test_a_complete_guided_text_short_of_min_tokens_ends_with_eos_not_a_token_fr
         assert out.token_ids[-1] in engine.eos_token_ids and out.finish_reason == "stop", out
         assert text(engine, out.token_ids) in ("yes", "no")
         assert all(t not in engine.eos_token_ids for t in out.token_ids[:-1])
+
+
+@pytest.mark.parametrize("regex, positions", [
+    ("abc", 3), (DATE, 12), ("[a-z]+", 2), ("(ab|cde){3}", 15), ("x{100000}", 100_000),
+    ("(x{1000}){1000}", 1_000_000), (".{0,1000}", 1000), (r"\p{L}+", None), ("a{99999999999}", None)])
+def test_a_regexs_positions_are_counted_with_its_repetitions_unrolled(regex, positions):
+    assert unrolled_positions(regex) == positions
+
+
+def masks_along(factory: GuideFactory, params: SamplingParams, path: list[int]) -> list[list[int]]:
+    """The tokens allowed at each step of `path` (then advanced by it), from a new guide of `params`."""
+    guide = factory.guide(params)
+    words = np.zeros(guide.num_words, dtype="<i4")
+    masks = []
+    for token_id in [*path, None]:
+        words[:] = 0
+        guide.write_mask_into(words)
+        masks.append(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).tolist())
+        if token_id is not None:
+            guide.advance(token_id)
+    return masks
+
+
+def test_a_regex_too_large_to_index_is_guided_by_llguidance_to_the_same_tokens(tiny_demo_model, monkeypatch):
+    """outlines-core indexes a regex's whole automaton before the first token: `x{100000}` took minutes and
+    `.{0,100000}` tens of GB. Past the budget llguidance guides it as it goes; where both can, they allow the
+    same tokens step by step."""
+    tokenizer = Tokenizer.from_file(str(tiny_demo_model / "tokenizer.json"))
+    factory = GuideFactory(tokenizer, eos_token_id=0)
+    huge = SamplingParams(guided_regex="x{100000}")
+    assert not factory.is_indexed(huge.guided_regex) and factory.is_indexed(DATE)
+    factory.compile(huge)  # at once: nothing built ahead
+    x = tokenizer.token_to_id("x")
+    assert isinstance(factory.guide(huge), GrammarGuide)
+    allowed = masks_along(factory, huge, [x, x])
+    assert x in allowed[0] and allowed[0] == allowed[2]
+    assert all(set(tokenizer.decode([t]).strip()) <= {"x"} for t in allowed[0])
+    path = [tokenizer.token_to_id(c) for c in "2024-0"]
+    indexed = masks_along(factory, SamplingParams(guided_regex=DATE), path)
+    monkeypatch.setattr(guided_decoding, "INDEXED_REGEX_BUDGET", 0)
+    assert isinstance(factory.guide(SamplingParams(guided_regex=DATE)), GrammarGuide)
+    assert masks_along(factory, SamplingParams(guided_regex=DATE), path) == indexed
+    with pytest.raises(ValueError, match="guided_regex cannot be compiled"):
+        factory.compile(SamplingParams(guided_regex="(unclosed"))

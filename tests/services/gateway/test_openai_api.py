@@ -581,6 +581,16 @@ def test_structured_output_holds_the_text_to_a_schema_a_regex_or_a_choice(client
     mesh.assert_decode_pools_free()
 
 
+def test_a_regex_too_large_to_index_ahead_is_guided_at_once(client, mesh):
+    """`x{100000}`'s whole index took outlines-core minutes to build (`.{0,100000}`'s, tens of GB): guided by
+    llguidance as it goes instead (engine/guided_decoding.py), its first tokens come as any request's."""
+    reply = client.with_options(timeout=30).completions.create(
+        model=mesh.model_name, prompt=PROMPT, max_tokens=6, temperature=0,
+        extra_body={"guided_regex": "x{100000}", "ignore_eos": True}).choices[0]
+    assert reply.text and set(reply.text) == {"x"} and reply.finish_reason == "length"
+    mesh.assert_decode_pools_free()
+
+
 def test_a_grammar_or_a_structural_tag_holds_the_text(client, mesh):
     date = r"[0-9]{4}-(0[1-9]|1[0-2])-[0-3][0-9]"
     # A grammar of a regular language guides as its regex does (this vocabulary has no byte-fallback
