@@ -9,7 +9,8 @@ among them once the text is complete), and every sampled token advances it. Comp
 takes from milliseconds to seconds with the vocabulary and the regex, so the services
 compile off the engine's thread (`GuideFactory.compile`) before they add the request, and
 the engine finds the index cached. A regex whose automaton would be too large to index ahead over
-this vocabulary (a long counted repetition: engine/regex_size.py) is guided as a grammar is, below.
+this vocabulary (a long counted repetition: engine/regex_size.py), or whose index is not built
+within INDEX_DEADLINE_S (engine/index_builds.py), is guided as a grammar is, below.
 
 A `guided_grammar` (Lark, as llguidance and vLLM's guidance backend read it; GBNF, llama.cpp's
 EBNF that vLLM's xgrammar backend and SGLang's `ebnf` take; or llguidance's own JSON, what a
@@ -37,6 +38,7 @@ from outlines_core import Guide, Index, Vocabulary
 from tokenizers import Tokenizer
 
 from engine.grammars import first_line, grammar_definition
+from engine.index_builds import IndexBuilds
 from engine.regex_size import unrolled_positions
 from engine.sampling_params import SamplingParams
 
@@ -48,6 +50,9 @@ INDEX_CACHE_SIZE = 32
 # tokens took 1.3 s and 290 MB; `x{100000}`, minutes; over Qwen's 152k tokens, ~19x more). Larger, llguidance
 # guides it, as it does grammars: a regex of any size at once, each step's mask computed as the text goes.
 INDEXED_REGEX_BUDGET = 2**23
+# How long a request waits for its regex's index before llguidance guides it (engine/index_builds.py): an
+# automaton may blow up in states that its positions do not show (`(a|b)*a(a|b){n}` doubles with n).
+INDEX_DEADLINE_S = 10.0
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -132,22 +137,30 @@ class GuideFactory:
         self._num_words = -(-self._mask_size // 32)
         self._grammar_tokenizer: LLTokenizer | None = None  # made for the first grammar: a second or so
         self._grammars: OrderedDict[str, LLMatcher] = OrderedDict()  # each grammar's matcher at its start
+        self._builds = IndexBuilds(self.index)
 
     def compile(self, params: SamplingParams) -> None:
-        """Compile what `params` guide by, unless it is cached; ValueError when it cannot be."""
-        if params.guided_regex is not None and self.is_indexed(params.guided_regex):
-            self.index(params.guided_regex)
-        elif params.guided_regex is not None:
-            self._regex_grammar_start(params.guided_regex)
+        """Compile what `params` guide by, unless it is cached; ValueError when it cannot be. A regex's index
+        not built within INDEX_DEADLINE_S is left building: llguidance guides it until it is."""
+        regex = params.guided_regex
+        if regex is not None and self.is_indexed(regex) and self._builds.wait(regex, INDEX_DEADLINE_S):
+            return
+        if regex is not None:
+            self._regex_grammar_start(regex)
         elif params.guided_grammar is not None:
             self._grammar_start(params.guided_grammar)
 
     def guide(self, params: SamplingParams) -> RegexGuide | GrammarGuide:
         """A new guide at the start of what `params` guide by (a guided_regex or a guided_grammar)."""
-        if params.guided_regex is not None and self.is_indexed(params.guided_regex):
-            return RegexGuide(Guide(self.index(params.guided_regex)), self._num_words)
-        start = self._regex_grammar_start(params.guided_regex) if params.guided_regex is not None else \
-            self._grammar_start(params.guided_grammar)
+        regex = params.guided_regex
+        if regex is not None and self.is_indexed(regex) and not self._builds.is_overdue(regex):
+            return RegexGuide(Guide(self.index(regex)), self._num_words)
+        if regex is not None and self.is_indexed(regex):  # overdue: its index, if built since
+            with self._lock:
+                index = self._indexes.get(regex)
+            if index is not None:
+                return RegexGuide(Guide(index), self._num_words)
+        start = self._regex_grammar_start(regex) if regex is not None else self._grammar_start(params.guided_grammar)
         return GrammarGuide(start.deep_copy(), self._num_words)
 
     def is_indexed(self, regex: str) -> bool:

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from engine import guided_decoding
 from engine.config import EngineConfig
-from engine.guided_decoding import GrammarGuide, GuideFactory, token_bytes
+from engine.guided_decoding import GrammarGuide, GuideFactory, RegexGuide, token_bytes
 from engine.llm_engine import LLMEngine
 from engine.regex_size import unrolled_positions
 from engine.sampling_params import SamplingParams
@@ -243,3 +243,22 @@ def test_a_regex_too_large_to_index_is_guided_by_llguidance_to_the_same_tokens(t
     assert masks_along(factory, SamplingParams(guided_regex=DATE), path) == indexed
     with pytest.raises(ValueError, match="guided_regex cannot be compiled"):
         factory.compile(SamplingParams(guided_regex="(unclosed"))
+
+
+def test_a_regex_whose_index_is_not_built_in_time_is_guided_by_llguidance_until_it_is(tiny_demo_model, monkeypatch):
+    """`(a|b)*a(a|b){n}` has few positions, yet its automaton doubles with n (1.4 s to index at 12 here; minutes
+    at 20): the request waits out the deadline, not the build, and the index serves the regex once built."""
+    tokenizer = Tokenizer.from_file(str(tiny_demo_model / "tokenizer.json"))
+    factory = GuideFactory(tokenizer, eos_token_id=0)
+    monkeypatch.setattr(guided_decoding, "INDEX_DEADLINE_S", 0.05)
+    blowup = SamplingParams(guided_regex="(a|b)*a(a|b){12}")
+    assert factory.is_indexed(blowup.guided_regex)
+    factory.compile(blowup)
+    assert isinstance(factory.guide(blowup), GrammarGuide)
+    path = [tokenizer.token_to_id(c) for c in "ab"]
+    meanwhile = masks_along(factory, blowup, path)
+    factory.compile(blowup)  # the same build, not another: waited for again
+    monkeypatch.setattr(guided_decoding, "INDEX_DEADLINE_S", 60)
+    factory.compile(blowup)
+    assert isinstance(factory.guide(blowup), RegexGuide)
+    assert masks_along(factory, blowup, path) == meanwhile
