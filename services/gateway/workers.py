@@ -45,7 +45,6 @@ class Worker:
     kv_capacity_tokens: int | None = None
 
 
-
 def _with_room(workers: list[Worker], num_tokens: int) -> list[Worker]:
     """Those of `workers` not known to lack room for `num_tokens` (all of them where none has it): routing
     counts requests, and one decode worker may be full of long contexts while another has room."""
@@ -60,6 +59,7 @@ def _holding(workers: list[Worker], num_tokens: int) -> list[Worker]:
     if not num_tokens:
         return workers
     return [w for w in workers if w.kv_capacity_tokens is None or w.kv_capacity_tokens >= num_tokens] or workers
+
 
 class WorkerPool:
     """Workers of one kind (all prefill or all decode).
