@@ -132,10 +132,7 @@ def _eos_where_nothing_is_left(logits: torch.Tensor, eos_token_id: int) -> torch
 def _bad_words_banned(seq: Sequence) -> tuple[int, ...]:
     """The last tokens of `seq`'s bad words whose other tokens its output now ends with, as vLLM
     bans them: the output, not the prompt, completes a bad word."""
-    words = seq.sampling_params.bad_words_token_ids
-    if not words:
+    params = seq.sampling_params
+    if not params.bad_words_token_ids:
         return ()
-    tokens, num_output = seq.token_ids, seq.num_output_tokens
-    return tuple(word[-1] for word in words
-                 if len(word) == 1 or (len(word) - 1 <= num_output and tuple(tokens[1 - len(word):]) == word[:-1]))
-
+    return params.bad_word_endings.banned(seq.token_ids, seq.num_output_tokens)

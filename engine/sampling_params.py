@@ -1,10 +1,12 @@
 """Per-request sampling parameters, validated once at the door."""
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine.bad_words import BadWordEndings
 from engine.thinking_budget import ThinkingBudget
 
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -142,6 +144,12 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+    @functools.cached_property
+    def bad_word_endings(self) -> BadWordEndings:
+        """Its bad words indexed once, for every step to look up (kept beside the fields: a frozen dataclass's
+        cached property is not one of them, so equality and hashing are unchanged)."""
+        return BadWordEndings(self.bad_words_token_ids)
 
     @property
     def is_guided(self) -> bool:

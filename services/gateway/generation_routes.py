@@ -29,7 +29,7 @@ from services.gateway.http_body import parsed_body
 from services.gateway.http_middleware import ARRIVAL_KEY
 from services.gateway.http_responses import respond
 from services.gateway.openai_logprobs import TokenText
-from services.gateway.openai_protocol import encoded_bad_words
+from services.gateway.openai_protocol import bad_words_encoded
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.reasoning_parsers import ReasoningReader, reasoning_reader
 from services.gateway.response_store import StoredResponse
@@ -78,7 +78,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = dispatch_signal()
         prompts = body.prompts
-        bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
+        bad_words = await bad_words_encoded(body.bad_words, state.pipeline.tokenizer)
         streams, searches, prompt_of_choice = [], [], []
         for p, prompt in enumerate(prompts):
             given = await _given_prompt(state, prompt, body.add_special_tokens)
@@ -119,7 +119,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
                              continuous_usage=body.continuous_usage)
 
-    def start_chat(request: Request, body: ChatCompletionRequest, response_id: str,
+    async def start_chat(request: Request, body: ChatCompletionRequest, response_id: str,
                    images: GivenImages | None = None,
                    ) -> tuple[AsyncIterator[tuple[int, Delta]], ResponseBuilder, asyncio.Future, ResponseTimeline]:
         """A chat request's choices on their way, and what builds their output; `images`: its messages'
@@ -133,7 +133,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         messages = with_template_call_ids(body.chat_messages(), state.tool_call_parser)
         request_ids = [choice_request_id(response_id, j, body.n) for j in range(body.n)]
         reasoning = _reasoning_reader(state, body)
-        bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
+        bad_words = await bad_words_encoded(body.bad_words, state.pipeline.tokenizer)
         syntax = syntax_for(state.tool_call_parser, body.tools) if body.lets_the_model_call_tools else None
         split = reasoning if body.separate_reasoning else None  # what reads the thinking out of the text
         skip_special_tokens = body.skip_special_tokens and not keeps_special_tokens(syntax, split)
@@ -175,7 +175,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         response_id = request.headers.get("x-request-id") or body.rid or f"chatcmpl-{uuid.uuid4().hex}"
         images = await chat_images(state, body.messages, processor_kwargs=body.mm_processor_kwargs,
                                    media_io_kwargs=body.media_io_kwargs)
-        choices, builder, dispatched, timeline = start_chat(request, body, response_id, images)
+        choices, builder, dispatched, timeline = await start_chat(request, body, response_id, images)
         return await respond(request, choices, builder, body.stream, state.replies.includes_usage(body.include_usage),
                              "messages",
                              dispatched, timeline if wants_timeline(request, body.return_timeline) else None,
@@ -199,7 +199,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
         if asked.truncation == "auto":  # off the event loop: a conversation long enough to cut renders slowly
             body, images = await asyncio.to_thread(fit_to_context, body, state.pipeline.prompts, images)
         response_id = request.headers.get("x-request-id") or f"resp_{uuid.uuid4().hex}"
-        choices, builder, dispatched, _ = start_chat(request, body, response_id, images)
+        choices, builder, dispatched, _ = await start_chat(request, body, response_id, images)
         shape = ResponsesShape(asked, builder, state.responses, [*earlier, *asked.stored_items()])
         if asked.background:
             return JSONResponse(await state.background.start(shape, choices), headers={"x-request-id": response_id})
@@ -211,7 +211,7 @@ def add_generation_routes(app: FastAPI, state: GatewayState, check_model: Callab
             raise APIError(400, "max_tokens: Field required", param="max_tokens")
         response_id = request.headers.get("x-request-id") or f"msg_{uuid.uuid4().hex}"
         chat = asked.as_chat(keeps_thinking_budgets=state.pipeline.checks.thinking_markers is not None)
-        choices, builder, dispatched, _ = start_chat(request, state.chat_serving.as_served(chat), response_id,
+        choices, builder, dispatched, _ = await start_chat(request, state.chat_serving.as_served(chat), response_id,
                                                      await chat_images(state, chat.messages))
         return await respond(request, choices, builder, asked.stream, False, "messages", dispatched,
                              shape=MessagesShape(builder))

@@ -30,7 +30,7 @@ from services.gateway.errors import APIError, to_api_error
 from services.gateway.generation_routes import dispatch_signal, start_timeline, token_id_text, with_adapter
 from services.gateway.http_body import parsed_body
 from services.gateway.http_responses import respond, sse_event
-from services.gateway.openai_protocol import TokenId, encoded_bad_words, header_safe
+from services.gateway.openai_protocol import TokenId, bad_words_encoded, header_safe
 from services.gateway.openai_responses import ResponseBuilder
 from services.gateway.reasoning_parsers import reasoning_reader
 from services.gateway.sequence_groups import counted_by_prompt
@@ -142,7 +142,7 @@ def add_tokens_routes(app: FastAPI, state: GatewayState, check_model: Callable[[
         response_id = ID_PREFIX + (request.headers.get("x-request-id") or asked.request_id or uuid.uuid4().hex)
         timeline = start_timeline(state, request, response_id)
         dispatched, on_dispatch = dispatch_signal()
-        bad_words = encoded_bad_words(body.bad_words, state.pipeline.tokenizer)
+        bad_words = await bad_words_encoded(body.bad_words, state.pipeline.tokenizer)
         # A guided reply of a reasoning model is guided after its thinking, as chat's is.
         reasoning = reasoning_reader(state.reasoning_parser, state.pipeline.tokenizer, body.is_guided)
         request_ids = [choice_request_id(response_id, j, body.n) for j in range(body.n)]

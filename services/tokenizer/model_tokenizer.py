@@ -124,6 +124,10 @@ class ModelTokenizer:
         # the batch call without them lets go of the GIL and takes 25-30% less time.
         return self.tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def encode_many(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Each of `texts` encoded as `encode` does, in one call."""
+        return [e.ids for e in self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens)]
+
     def encode_pair(self, first: str, second: str) -> list[int]:
         """Two texts as one sequence, as the tokenizer's pair template joins them (a cross-encoder's input)."""
         return self.tokenizer.encode_batch_fast([(first, second)], add_special_tokens=True)[0].ids

@@ -2,9 +2,12 @@
 distribution and logprob checks. CPU only, exact where the math allows."""
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
+from engine.bad_words import BadWordEndings
 from engine.logits_processors import (
     apply_logit_bias,
     apply_min_p,
@@ -525,6 +528,20 @@ def test_a_bad_words_last_token_is_banned_where_the_output_ends_with_the_rest_of
     out = sampler(torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 30.0, 30.0, 0.0]] * 2), rows)
     assert out.token_ids[0] not in (5, 6) and out.token_ids[1] in (5, 6)
     assert set(out.logprobs[0]) >= {out.token_ids[0]} and len(out.logprobs[0]) == 2
+
+
+def test_bad_words_indexed_once_ban_what_a_pass_over_every_word_bans():
+    """Looked up by the tokens before their last (engine/bad_words.py) rather than read word by word each step:
+    the same tokens banned, for random words, outputs and prompts."""
+    rng = random.Random(5)
+    for _ in range(200):
+        words = [tuple(rng.randrange(4) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 12))]
+        prompt = [rng.randrange(4) for _ in range(rng.randint(1, 5))]
+        output = [rng.randrange(4) for _ in range(rng.randint(0, 5))]
+        tokens = prompt + output
+        expected = {word[-1] for word in words
+                    if len(word) == 1 or (len(word) - 1 <= len(output) and tuple(tokens[1 - len(word):]) == word[:-1])}
+        assert set(BadWordEndings(words).banned(tokens, len(output))) == expected, (words, prompt, output)
 
 
 @pytest.mark.parametrize("words", [[()], [(3, -1)]])

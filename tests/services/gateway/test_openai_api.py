@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -18,7 +19,7 @@ import openai
 import pytest
 import torch
 
-from services.gateway.openai_protocol import encoded_bad_words
+from services.gateway.openai_protocol import INLINE_BAD_WORDS, bad_words_encoded, encoded_bad_words
 from services.tokenizer.model_tokenizer import ModelTokenizer
 from tests.services.gateway.mesh import gateway_client
 from tests.services.service_process import REPO_ROOT
@@ -153,6 +154,27 @@ def test_continuous_usage_stats_give_each_chunk_its_choice_usage_so_far(client, 
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
 
 
+def test_a_long_list_of_bad_words_is_encoded_off_the_event_loop(tokenizer, monkeypatch):
+    """100,000 bad words held the gateway's event loop (every stream on it) for 1.1 s: past INLINE_BAD_WORDS
+    they are encoded on a worker thread, to the same ids."""
+    words = [f"w{i}x" for i in range(INLINE_BAD_WORDS + 1)]
+    loop_thread = threading.get_ident()
+    encoding_threads = set()
+    encode_many = tokenizer.encode_many
+
+    def recorded(*args, **kwargs):
+        encoding_threads.add(threading.get_ident())
+        return encode_many(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode_many", recorded)
+    assert asyncio.run(bad_words_encoded(words[:INLINE_BAD_WORDS], tokenizer)) == \
+        encoded_bad_words(words[:INLINE_BAD_WORDS], tokenizer)
+    assert encoding_threads == {loop_thread}
+    encoding_threads.clear()
+    assert asyncio.run(bad_words_encoded(words, tokenizer)) == encoded_bad_words(words, tokenizer)
+    assert loop_thread in encoding_threads and len(encoding_threads) == 2  # the thread's, then the check's here
+
+
 def test_bad_words_are_not_written_as_transformers_bans_them(client, mesh, tokenizer):
     """vLLM's bad_words: each word's tokens (alone, and after a space) are banned; against transformers'
     bad_words_ids on words of one token, the first token (banned on the prefill worker) and a later one (on
@@ -186,8 +208,8 @@ def test_bad_words_are_encoded_alone_and_after_a_space_as_vllm_encodes_them(toke
     assert encoded_bad_words(["fun", "  fun"], tokenizer) == [alone, spaced, alone, spaced]  # leading spaces dropped
 
     class DropsEverything:  # a normalizer that leaves nothing of a word: it can never be written
-        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-            return []
+        def encode_many(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+            return [[] for _ in texts]
     assert encoded_bad_words(["\u200b"], DropsEverything()) == []
 
 
