@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -91,6 +92,29 @@ def test_random_splits_equal_cutting_the_whole_text(seed, include):
         expected = text
     out, stopped = _feed(StopStringMatcher(stops, include_stop_str_in_output=include), deltas)
     assert "".join(out) == expected and stopped == bool(hits)
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("include", [False, True])
+def test_many_stop_strings_prefixes_of_each_other_cut_as_the_earliest_does(seed, include):
+    """Stop strings are looked up by length and prefix, not read one by one per delta: the same cut, the earliest
+    match of the first text received that holds one and at one start the first given, from a few stops to
+    thousands."""
+    rng = random.Random(seed)
+    stops = list(dict.fromkeys("".join(rng.choice("abc") for _ in range(rng.randint(1, 7)))
+                               for _ in range(rng.choice([2, 6, 3000]))))
+    stops = [stop for stop in stops if len(stop) > 2] or ["abca"]  # some text gets through
+    text = "".join(rng.choice("abcx") for _ in range(60))
+    cuts = sorted(rng.sample(range(1, len(text)), 12))
+    deltas = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+    # The first text received that holds a match is cut at its earliest (a stop that begins sooner but is
+    # whole only later does not wait: vLLM's streams stop alike).
+    received = next((text[:end] for end in itertools.accumulate(map(len, deltas))
+                     if any(stop in text[:end] for stop in stops)), text)
+    hits = [(received.find(stop), i, stop) for i, stop in enumerate(stops) if stop in received]
+    start, _, stop = min(hits) if hits else (len(text), 0, "")
+    out, stopped = _feed(StopStringMatcher(stops, include_stop_str_in_output=include), deltas)
+    assert "".join(out) == text[:start + len(stop) if include else start] and stopped == bool(hits)
 
 
 def test_a_stop_regex_holds_back_what_may_begin_a_match_then_cuts_before_it():
