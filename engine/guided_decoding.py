@@ -155,11 +155,6 @@ class GuideFactory:
         regex = params.guided_regex
         if regex is not None and self.is_indexed(regex) and not self._builds.is_overdue(regex):
             return RegexGuide(Guide(self.index(regex)), self._num_words)
-        if regex is not None and self.is_indexed(regex):  # overdue: its index, if built since
-            with self._lock:
-                index = self._indexes.get(regex)
-            if index is not None:
-                return RegexGuide(Guide(index), self._num_words)
         start = self._regex_grammar_start(regex) if regex is not None else self._grammar_start(params.guided_grammar)
         return GrammarGuide(start.deep_copy(), self._num_words)
 

@@ -45,9 +45,10 @@ class StopStringMatcher:
         # strings held the gateway's event loop, every stream on it, 80 ms per token (now ~7 us; 2-5 us read
         # one by one for a few, 6 us looked up).
         self._is_indexed = len(self.stop) > FEW_STOPS
-        self._order = {stop: i for i, stop in enumerate(self.stop)}
-        self._lengths = sorted({len(stop) for stop in self.stop})
-        self._sorted = sorted(self.stop)
+        if self._is_indexed:  # (built on every request's path: not for the few)
+            self._order = {stop: i for i, stop in enumerate(self.stop)}
+            self._lengths = sorted({len(stop) for stop in self.stop})
+            self._sorted = sorted(self.stop)
         self.patterns = tuple(s for s in stop if not isinstance(s, str))
         self.include_stop_str_in_output = include_stop_str_in_output
         self.matched_stop: str | None = None  # the stop string (or regex pattern) that ended the text
